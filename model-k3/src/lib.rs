@@ -1,0 +1,16 @@
+//! # model-k3: Kimi K3 on the k3-kernels contract
+//!
+//! - [`config`]: `config.json` -> typed, cross-checked dims and layer map;
+//! - [`inventory`]: the tensors a checkpoint must hold for a config;
+//! - [`checkpoint`]: HF-layout loading (index, memory-mapped shards, header-only open);
+//! - [`inspect`]: checkpoint conformance against the config;
+//! - [`tiny`]: the deterministic tiny checkpoint generator.
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod inspect;
+pub mod inventory;
+pub mod tiny;
+
+pub use error::{ModelError, Result};
