@@ -14,6 +14,7 @@
 
 pub mod lse_merge;
 pub mod rng;
+pub mod tensor_ops;
 
 pub use rng::TestRng;
 
@@ -27,11 +28,12 @@ use crate::tensor::HostTensor;
 pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     let mut v: Vec<(&'static str, &'static [&'static str])> = Vec::new();
     v.extend_from_slice(lse_merge::COVERAGE);
+    v.extend_from_slice(tensor_ops::COVERAGE);
     v
 }
 
 /// The ops the contract promises (the coverage report lists each).
-pub const ALL_OPS: &[&str] = &["lse_merge"];
+pub const ALL_OPS: &[&str] = &["lse_merge", "copy_cast", "add_assign"];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -92,12 +94,13 @@ macro_rules! conformance_suite {
         }
 
         $crate::conformance_lse_merge!();
+        $crate::conformance_tensor_ops!();
     };
 }
 
 /// The op traits a backend must implement to run the whole suite.
-pub trait AllOps: crate::ops::LseMerge {}
-impl<T: crate::ops::LseMerge> AllOps for T {}
+pub trait AllOps: crate::ops::LseMerge + crate::ops::CopyCast + crate::ops::AddAssign {}
+impl<T: crate::ops::LseMerge + crate::ops::CopyCast + crate::ops::AddAssign> AllOps for T {}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

@@ -8,6 +8,7 @@
 mod io;
 mod lse_merge;
 pub mod math;
+mod tensor_ops;
 
 pub use io::{read_f32, read_i64, write_f32};
 

@@ -11,9 +11,11 @@
 
 pub mod kv_cache;
 pub mod lse_merge;
+pub mod tensor_ops;
 
 pub use kv_cache::{KvCacheFormat, KvDims, Fp8Flavor};
 pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
+pub use tensor_ops::{AddAssign, AddAssignArgs, CopyCast, CopyCastArgs, ElementwiseParams, ElementwisePlan};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
