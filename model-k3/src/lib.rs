@@ -6,11 +6,13 @@
 //! - [`inspect`]: checkpoint conformance against the config;
 //! - [`tiny`]: the deterministic tiny checkpoint generator.
 
+pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod inspect;
 pub mod inventory;
 pub mod tiny;
+pub mod weights;
 
 pub use error::{ModelError, Result};

@@ -190,3 +190,28 @@ fn missing_tensor_is_reported_by_inspect() {
     assert!(r.deviations.iter().any(|x| x.contains("does not contain it")), "{r}");
     let _ = std::fs::remove_dir_all(d);
 }
+
+#[test]
+fn weights_load_to_the_cpu_backend_and_refuse_a_bf16_router_bias() {
+    let d = fresh("load", false);
+    let ck = Checkpoint::open(&d).unwrap();
+    let cpu = kernel_api::cpu::CpuBackend::new();
+    let mut bytes = 0usize;
+    let w = model_k3::weights::ModelWeights::load(&ck, &cpu, &mut |b| bytes += b).unwrap();
+    assert_eq!(w.layers.len(), 5);
+    assert!(bytes > 1_000_000);
+    let p = d.join(shard_file_name(1, 6));
+    rewrite_shard(&p, |name, _, shape, data| {
+        name.ends_with("e_score_correction_bias").then(|| {
+            let b: Vec<u8> = data.chunks(4).flat_map(|c| half::bf16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_bits().to_le_bytes()).collect();
+            (safetensors::Dtype::BF16, shape.to_vec(), b)
+        })
+    });
+    let ck = Checkpoint::open(&d).unwrap();
+    match model_k3::weights::ModelWeights::load(&ck, &cpu, &mut |_| {}) {
+        Err(ModelError::Tensor { name, why }) => assert!(name.ends_with("e_score_correction_bias") && why.contains("bf16"), "{name}: {why}"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a bf16 router bias must be refused"),
+    }
+    let _ = std::fs::remove_dir_all(d);
+}
