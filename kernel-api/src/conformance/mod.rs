@@ -13,6 +13,8 @@
 //! the CPU reference. Tolerances come from [`crate::tolerance`].
 
 pub mod lse_merge;
+pub mod mla_cache_write;
+pub mod mla_prefill;
 pub mod rng;
 
 pub use rng::TestRng;
@@ -27,11 +29,13 @@ use crate::tensor::HostTensor;
 pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     let mut v: Vec<(&'static str, &'static [&'static str])> = Vec::new();
     v.extend_from_slice(lse_merge::COVERAGE);
+    v.extend_from_slice(mla_prefill::COVERAGE);
+    v.extend_from_slice(mla_cache_write::COVERAGE);
     v
 }
 
 /// The ops the contract promises (the coverage report lists each).
-pub const ALL_OPS: &[&str] = &["lse_merge"];
+pub const ALL_OPS: &[&str] = &["lse_merge", "mla_prefill", "mla_cache_write"];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -92,12 +96,14 @@ macro_rules! conformance_suite {
         }
 
         $crate::conformance_lse_merge!();
+        $crate::conformance_mla_prefill!();
+        $crate::conformance_mla_cache_write!();
     };
 }
 
 /// The op traits a backend must implement to run the whole suite.
-pub trait AllOps: crate::ops::LseMerge {}
-impl<T: crate::ops::LseMerge> AllOps for T {}
+pub trait AllOps: crate::ops::LseMerge + crate::ops::MlaPrefill + crate::ops::MlaCacheWrite {}
+impl<T: crate::ops::LseMerge + crate::ops::MlaPrefill + crate::ops::MlaCacheWrite> AllOps for T {}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

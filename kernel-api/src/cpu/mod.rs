@@ -7,6 +7,8 @@
 
 mod io;
 mod lse_merge;
+mod mla_cache_write;
+mod mla_prefill;
 pub mod math;
 
 pub use io::{read_f32, read_i64, write_f32};

@@ -11,9 +11,13 @@
 
 pub mod kv_cache;
 pub mod lse_merge;
+pub mod mla_cache_write;
+pub mod mla_prefill;
 
 pub use kv_cache::{KvCacheFormat, KvDims, Fp8Flavor};
 pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
+pub use mla_cache_write::{MlaCacheWrite, MlaCacheWriteArgs, MlaCacheWriteBatch, MlaCacheWriteParams, MlaCacheWritePlan};
+pub use mla_prefill::{MlaPrefill, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillKv, MlaPrefillParams, MlaPrefillPlan};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
