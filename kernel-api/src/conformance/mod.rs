@@ -13,6 +13,8 @@
 //! the CPU reference. Tolerances come from [`crate::tolerance`].
 
 pub mod lse_merge;
+pub mod mla_cache_write;
+pub mod mla_prefill;
 pub mod rng;
 pub mod tensor_ops;
 
@@ -29,11 +31,19 @@ pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     let mut v: Vec<(&'static str, &'static [&'static str])> = Vec::new();
     v.extend_from_slice(lse_merge::COVERAGE);
     v.extend_from_slice(tensor_ops::COVERAGE);
+    v.extend_from_slice(mla_prefill::COVERAGE);
+    v.extend_from_slice(mla_cache_write::COVERAGE);
     v
 }
 
 /// The ops the contract promises (the coverage report lists each).
-pub const ALL_OPS: &[&str] = &["lse_merge", "copy_cast", "add_assign"];
+pub const ALL_OPS: &[&str] = &[
+    "lse_merge",
+    "copy_cast",
+    "add_assign",
+    "mla_prefill",
+    "mla_cache_write",
+];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -95,12 +105,26 @@ macro_rules! conformance_suite {
 
         $crate::conformance_lse_merge!();
         $crate::conformance_tensor_ops!();
+        $crate::conformance_mla_prefill!();
+        $crate::conformance_mla_cache_write!();
     };
 }
 
 /// The op traits a backend must implement to run the whole suite.
-pub trait AllOps: crate::ops::LseMerge + crate::ops::CopyCast + crate::ops::AddAssign {}
-impl<T: crate::ops::LseMerge + crate::ops::CopyCast + crate::ops::AddAssign> AllOps for T {}
+/// One trait per line (keeps merges of new families conflict-free).
+macro_rules! all_ops {
+    ($($t:path),* $(,)?) => {
+        pub trait AllOps: $($t +)* {}
+        impl<T: $($t +)*> AllOps for T {}
+    };
+}
+all_ops!(
+    crate::ops::LseMerge,
+    crate::ops::CopyCast,
+    crate::ops::AddAssign,
+    crate::ops::MlaPrefill,
+    crate::ops::MlaCacheWrite,
+);
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

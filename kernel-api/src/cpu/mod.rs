@@ -7,6 +7,8 @@
 
 mod io;
 mod lse_merge;
+mod mla_cache_write;
+mod mla_prefill;
 pub mod math;
 mod tensor_ops;
 

@@ -11,10 +11,14 @@
 
 pub mod kv_cache;
 pub mod lse_merge;
+pub mod mla_cache_write;
+pub mod mla_prefill;
 pub mod tensor_ops;
 
-pub use kv_cache::{KvCacheFormat, KvDims, Fp8Flavor};
+pub use kv_cache::{Fp8Flavor, KvCacheFormat, KvDims};
 pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
+pub use mla_cache_write::{MlaCacheWrite, MlaCacheWriteArgs, MlaCacheWriteBatch, MlaCacheWriteParams, MlaCacheWritePlan};
+pub use mla_prefill::{MlaPrefill, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillKv, MlaPrefillParams, MlaPrefillPlan};
 pub use tensor_ops::{AddAssign, AddAssignArgs, CopyCast, CopyCastArgs, ElementwiseParams, ElementwisePlan};
 
 use crate::backend::Backend;
