@@ -12,6 +12,8 @@
 //! test (naive f64 definitions, worked values from the spec), and on non-CPU backends also with
 //! the CPU reference. Tolerances come from [`crate::tolerance`].
 
+pub mod kda_gate;
+pub mod kda_prefill;
 pub mod lse_merge;
 pub mod mla_cache_write;
 pub mod mla_prefill;
@@ -33,6 +35,8 @@ pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     v.extend_from_slice(tensor_ops::COVERAGE);
     v.extend_from_slice(mla_prefill::COVERAGE);
     v.extend_from_slice(mla_cache_write::COVERAGE);
+    v.extend_from_slice(kda_gate::COVERAGE);
+    v.extend_from_slice(kda_prefill::COVERAGE);
     v
 }
 
@@ -44,6 +48,7 @@ pub const ALL_OPS: &[&str] = &[
     "mla_prefill",
     "mla_cache_write",
 ];
+pub const ALL_OPS: &[&str] = &["lse_merge", "kda_gate", "kda_prefill"];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -107,6 +112,8 @@ macro_rules! conformance_suite {
         $crate::conformance_tensor_ops!();
         $crate::conformance_mla_prefill!();
         $crate::conformance_mla_cache_write!();
+        $crate::conformance_kda_gate!();
+        $crate::conformance_kda_prefill!();
     };
 }
 
@@ -125,6 +132,8 @@ all_ops!(
     crate::ops::MlaPrefill,
     crate::ops::MlaCacheWrite,
 );
+pub trait AllOps: crate::ops::LseMerge + crate::ops::KdaGate + crate::ops::KdaPrefill {}
+impl<T: crate::ops::LseMerge + crate::ops::KdaGate + crate::ops::KdaPrefill> AllOps for T {}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

@@ -6,6 +6,8 @@
 //! index values it reads, so bad input is an error here too, never a panic or a stray access.
 
 mod io;
+mod kda_gate;
+mod kda_prefill;
 mod lse_merge;
 mod mla_cache_write;
 mod mla_prefill;

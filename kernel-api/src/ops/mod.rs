@@ -9,6 +9,8 @@
 //!   `run` calls can be captured into a CUDA/HIP graph;
 //! - workspaces are caller-owned buffers of at least `workspace_size(&plan)` bytes.
 
+pub mod kda_gate;
+pub mod kda_prefill;
 pub mod kv_cache;
 pub mod lse_merge;
 pub mod mla_cache_write;
@@ -16,6 +18,14 @@ pub mod mla_prefill;
 pub mod tensor_ops;
 
 pub use kv_cache::{Fp8Flavor, KvCacheFormat, KvDims};
+pub use kda_gate::{
+    check_a_log_padding, kda_gate_value, KdaGate, KdaGateArgs, KdaGateMode, KdaGateParams, KdaGatePlan, KdaStateLayout,
+};
+pub use kda_prefill::{
+    KdaCheckpointOffsets, KdaPrefill, KdaPrefillArgs, KdaPrefillBatch, KdaPrefillParams, KdaPrefillPlan, KDA_CHUNK_SIZES,
+    KDA_L2_EPS,
+};
+pub use kv_cache::{KvCacheFormat, KvDims, Fp8Flavor};
 pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
 pub use mla_cache_write::{MlaCacheWrite, MlaCacheWriteArgs, MlaCacheWriteBatch, MlaCacheWriteParams, MlaCacheWritePlan};
 pub use mla_prefill::{MlaPrefill, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillKv, MlaPrefillParams, MlaPrefillPlan};
