@@ -25,7 +25,6 @@ pub use kda_prefill::{
     KdaCheckpointOffsets, KdaPrefill, KdaPrefillArgs, KdaPrefillBatch, KdaPrefillParams, KdaPrefillPlan, KDA_CHUNK_SIZES,
     KDA_L2_EPS,
 };
-pub use kv_cache::{KvCacheFormat, KvDims, Fp8Flavor};
 pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
 pub use mla_cache_write::{MlaCacheWrite, MlaCacheWriteArgs, MlaCacheWriteBatch, MlaCacheWriteParams, MlaCacheWritePlan};
 pub use mla_prefill::{MlaPrefill, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillKv, MlaPrefillParams, MlaPrefillPlan};
