@@ -1,7 +1,10 @@
-//! One parameterised encoder/decoder for the small IEEE-like formats (fp8 flavours, FP4 E2M1).
-//! Every conversion is exact arithmetic in f64: decoding is a power-of-two product and
-//! encoding rounds half to even on the format's grid extended past its largest exponent, then
-//! applies the requested overflow policy.
+//! One parameterised codec for the small IEEE-like element formats (the fp8 flavours and FP4
+//! E2M1); the rules it implements are specified in the parent module's docs.
+//!
+//! Decoding is a 256-entry table built at compile time. Encoding is exact: the input goes to
+//! f64 (exact for every f32, subnormals included), its binary exponent is read from the f64
+//! bits, and the magnitude is rounded half-to-even to an integer number of quanta with no
+//! intermediate rounding anywhere.
 
 use super::Saturation;
 
@@ -26,134 +29,150 @@ pub(crate) struct Spec {
     pub specials: Specials,
 }
 
+/// 2^e as an f32, exact for -126 <= e <= 127.
+const fn pow2_f32(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+/// 2^e as an f64, exact for -1022 <= e <= 1023.
+fn pow2_f64(e: i32) -> f64 {
+    f64::from_bits(((e + 1023) as u64) << 52)
+}
+
+/// floor(log2 |x|) of a nonzero finite f64, read from its exponent field (subnormal f64s, which
+/// never come from an f32, report -1023; callers clamp far above that).
+pub(crate) fn f64_exponent(x: f64) -> i32 {
+    ((x.to_bits() >> 52) & 0x7FF) as i32 - 1023
+}
+
 impl Spec {
     const fn sign_bit(&self) -> u32 {
         1 << (self.ebits + self.mbits)
     }
-    const fn max_exp_field(&self) -> u32 {
+    const fn exp_field_max(&self) -> u32 {
         (1 << self.ebits) - 1
     }
+    /// Exponent of the smallest normal; subnormals are multiples of 2^(emin - mbits).
+    const fn emin(&self) -> i32 {
+        1 - self.bias
+    }
 
-    /// Largest finite magnitude's code (without sign).
-    pub(crate) const fn max_finite_code(&self) -> u32 {
-        let all = (1 << (self.ebits + self.mbits)) - 1;
+    /// Code of the largest finite magnitude (sign bit clear).
+    const fn max_finite_code(&self) -> u32 {
+        let all = self.sign_bit() - 1;
         match self.specials {
-            // exponent all-ones is special: max is (all-ones - 1) exponent, full mantissa.
+            // The all-ones exponent is special: the max has the exponent below it, full mantissa.
             Specials::Ieee => all - (1 << self.mbits),
             Specials::FiniteNanAllOnes => all - 1,
             Specials::FiniteUnsignedZeroNan | Specials::FiniteOnly => all,
         }
     }
 
-    pub(crate) fn nan_code(&self, negative: bool) -> Option<u32> {
+    /// The code a NaN input encodes to. E2M1 has no NaN: +0.
+    const fn nan_code(&self, negative: bool) -> u32 {
         let s = if negative { self.sign_bit() } else { 0 };
         match self.specials {
-            Specials::Ieee => Some(s | (self.max_exp_field() << self.mbits) | (1 << (self.mbits - 1)) | 0),
-            Specials::FiniteNanAllOnes => Some(s | ((1 << (self.ebits + self.mbits)) - 1)),
-            Specials::FiniteUnsignedZeroNan => Some(self.sign_bit()),
-            Specials::FiniteOnly => None,
+            // Quiet NaN: all-ones exponent, top mantissa bit set.
+            Specials::Ieee => s | (self.exp_field_max() << self.mbits) | (1 << (self.mbits - 1)),
+            Specials::FiniteNanAllOnes => s | (self.sign_bit() - 1),
+            Specials::FiniteUnsignedZeroNan => self.sign_bit(),
+            Specials::FiniteOnly => 0,
         }
     }
 
-    fn inf_code(&self, negative: bool) -> Option<u32> {
+    /// What `Saturation::NonFinite` gives for a value beyond the largest finite magnitude.
+    const fn overflow_code(&self, negative: bool) -> u32 {
+        let s = if negative { self.sign_bit() } else { 0 };
         match self.specials {
-            Specials::Ieee => Some(if negative { self.sign_bit() } else { 0 } | (self.max_exp_field() << self.mbits)),
-            _ => None,
+            Specials::Ieee => s | (self.exp_field_max() << self.mbits), // ±Inf
+            Specials::FiniteNanAllOnes | Specials::FiniteUnsignedZeroNan => self.nan_code(negative),
+            Specials::FiniteOnly => s | self.max_finite_code(), // nothing else to give: saturate
         }
     }
 
-    /// Magnitude of an unsigned code (exponent and mantissa fields only), ignoring specials.
-    fn magnitude(&self, code: u32) -> f64 {
-        let e = (code >> self.mbits) & self.max_exp_field();
-        let m = code & ((1 << self.mbits) - 1);
-        if e == 0 {
-            m as f64 * 2f64.powi(1 - self.bias - self.mbits as i32)
-        } else {
-            (1.0 + m as f64 / (1u32 << self.mbits) as f64) * 2f64.powi(e as i32 - self.bias)
-        }
-    }
-
-    pub(crate) fn decode(&self, code: u32) -> f32 {
-        let neg = code & self.sign_bit() != 0;
-        let mag_code = code & (self.sign_bit() - 1);
-        let e = mag_code >> self.mbits;
+    /// The value of a code; bits above the format's width are ignored.
+    const fn decode(&self, code: u32) -> f32 {
+        let code = code & (2 * self.sign_bit() - 1);
+        let negative = code & self.sign_bit() != 0;
+        let mag = code & (self.sign_bit() - 1);
+        let e = mag >> self.mbits;
+        let m = mag & ((1 << self.mbits) - 1);
         match self.specials {
-            Specials::Ieee if e == self.max_exp_field() => {
-                if mag_code & ((1 << self.mbits) - 1) == 0 {
-                    return if neg { f32::NEG_INFINITY } else { f32::INFINITY };
-                }
-                return f32::NAN;
+            Specials::Ieee if e == self.exp_field_max() => {
+                return if m != 0 {
+                    f32::NAN
+                } else if negative {
+                    f32::NEG_INFINITY
+                } else {
+                    f32::INFINITY
+                };
             }
-            Specials::FiniteNanAllOnes if mag_code == self.sign_bit() - 1 => return f32::NAN,
+            Specials::FiniteNanAllOnes if mag == self.sign_bit() - 1 => return f32::NAN,
             Specials::FiniteUnsignedZeroNan if code == self.sign_bit() => return f32::NAN,
             _ => {}
         }
-        let v = self.magnitude(mag_code) as f32;
-        if neg {
+        // Normal: (2^mbits + m) * 2^(e - bias - mbits); subnormal (e = 0): m * 2^(emin - mbits).
+        let (significand, e) = if e == 0 { (m, 1) } else { (m | (1 << self.mbits), e as i32) };
+        let v = significand as f32 * pow2_f32(e - self.bias - self.mbits as i32);
+        if negative {
             -v
         } else {
             v
         }
     }
 
-    pub(crate) fn max_finite(&self) -> f64 {
-        self.magnitude(self.max_finite_code())
+    /// `decode` of every byte, for table lookup.
+    pub(crate) const fn decode_table(&self) -> [f32; 256] {
+        let mut t = [0f32; 256];
+        let mut i = 0;
+        while i < 256 {
+            t[i] = self.decode(i as u32);
+            i += 1;
+        }
+        t
     }
 
-    /// Round-half-even encode with the given overflow policy.
-    pub(crate) fn encode(&self, x: f32, sat: Saturation) -> u32 {
-        let neg = x.is_sign_negative();
-        let sign = if neg { self.sign_bit() } else { 0 };
+    /// Encodes x * 2^scale_exp (exactly: the product is never rounded before the format's own
+    /// round-half-even) with the given overflow policy. `scale_exp` is within [-254, 254].
+    pub(crate) fn encode_scaled(&self, x: f32, scale_exp: i32, sat: Saturation) -> u32 {
+        let negative = x.is_sign_negative();
         if x.is_nan() {
-            // Formats without NaN have nothing better than zero; callers of FiniteOnly formats
-            // are documented to map NaN to +0.
-            return self.nan_code(neg).unwrap_or(0);
+            return self.nan_code(negative);
         }
-        let a = (x as f64).abs();
-        if x.is_infinite() {
+        // f32 -> f64 is exact and a power-of-two product of it cannot under- or overflow f64.
+        let a = (x as f64).abs() * pow2_f64(scale_exp);
+        let Some(mag) = self.round_magnitude(a) else {
             return match sat {
-                Saturation::Finite => sign | self.max_finite_code(),
-                Saturation::NonFinite => {
-                    self.inf_code(neg).or_else(|| self.nan_code(neg)).unwrap_or(sign | self.max_finite_code())
-                }
+                Saturation::Finite => (if negative { self.sign_bit() } else { 0 }) | self.max_finite_code(),
+                Saturation::NonFinite => self.overflow_code(negative),
             };
-        }
-        let emin = 1 - self.bias; // exponent of the smallest normal
-        let e = if a == 0.0 { emin } else { (a.log2().floor() as i32).max(emin) };
-        // log2 may be off by one near powers of two; fix it exactly.
-        let e = if a != 0.0 && e > emin && 2f64.powi(e) > a { e - 1 } else if a >= 2f64.powi(e + 1) { e + 1 } else { e };
-        let quantum = 2f64.powi(e - self.mbits as i32);
-        let q = round_half_even(a / quantum);
-        let r = q * quantum;
-        let code = if r > self.max_finite() {
-            match sat {
-                Saturation::Finite => self.max_finite_code(),
-                Saturation::NonFinite => match self.inf_code(neg).or_else(|| self.nan_code(neg)) {
-                    Some(c) => return c,
-                    None => self.max_finite_code(),
-                },
-            }
-        } else if r < 2f64.powi(emin) {
-            (r / 2f64.powi(emin - self.mbits as i32)) as u32
-        } else {
-            let er = r.log2().floor() as i32;
-            let er = if 2f64.powi(er) > r { er - 1 } else if r >= 2f64.powi(er + 1) { er + 1 } else { er };
-            let m = (r / 2f64.powi(er - self.mbits as i32)) as u32 - (1 << self.mbits);
-            (((er + self.bias) as u32) << self.mbits) | m
         };
-        if code == 0 && self.specials == Specials::FiniteUnsignedZeroNan {
+        if mag == 0 && self.specials == Specials::FiniteUnsignedZeroNan {
             return 0; // fnuz has no negative zero
         }
-        sign | code
+        (if negative { self.sign_bit() } else { 0 }) | mag
     }
-}
 
-fn round_half_even(v: f64) -> f64 {
-    let f = v.floor();
-    let d = v - f;
-    if d > 0.5 || (d == 0.5 && f % 2.0 != 0.0) {
-        f + 1.0
-    } else {
-        f
+    /// The round-half-even magnitude code of a non-negative, non-NaN `a`, or None when it rounds
+    /// above the largest finite magnitude (or is Inf).
+    fn round_magnitude(&self, a: f64) -> Option<u32> {
+        if a == f64::INFINITY {
+            return None;
+        }
+        if a == 0.0 {
+            return Some(0);
+        }
+        // a lies in [2^e, 2^(e+1)) with e = floor(log2 a), or below 2^emin (subnormal range,
+        // where the spacing is that of the emin binade). The quantum 2^(e - mbits) divides a's
+        // binade into 2^mbits steps; q is a in quanta, rounded half to even (an exact f64
+        // product, then an exact rounding).
+        let e = f64_exponent(a).max(self.emin());
+        let q = (a * pow2_f64(self.mbits as i32 - e)).round_ties_even() as u64;
+        // Codes are linear in q: code = (biased exponent << mbits) + (q - 2^mbits)
+        //                            = ((e - emin) << mbits) + q,
+        // which also holds in the subnormal range (e = emin, q < 2^mbits) and when rounding
+        // carries into the next binade (q = 2^(mbits+1)).
+        let code = (((e - self.emin()) as u64) << self.mbits) + q;
+        (code <= self.max_finite_code() as u64).then_some(code as u32)
     }
 }
