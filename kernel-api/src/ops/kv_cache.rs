@@ -119,8 +119,10 @@ impl KvCacheFormat {
 /// dims (latent and rope) to the flavour's max finite value; 1.0 for all-zero input.
 pub fn flat_fp8_scale(values: &[f32], flavor: Fp8Flavor) -> f32 {
     let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
-    if amax > 0.0 && amax.is_finite() {
-        amax / flavor.max_finite()
+    let s = amax / flavor.max_finite();
+    // A subnormal amax can underflow the ratio to 0: any positive scale then encodes zeros.
+    if s > 0.0 && s.is_finite() {
+        s
     } else {
         1.0
     }
@@ -154,8 +156,10 @@ pub fn encode_token(fmt: KvCacheFormat, d: KvDims, values: &[f32], kv_scale: f32
             for t in 0..tiles {
                 let r = t * KV_TILE..((t + 1) * KV_TILE).min(d.latent);
                 let amax = values[r.clone()].iter().fold(0f32, |m, v| m.max(v.abs()));
-                let scale = if amax > 0.0 && amax.is_finite() {
-                    E8M0::from_f32(amax / f.max_finite(), ScaleRounding::Up).to_f32()
+                let ratio = amax / f.max_finite();
+                // Zero, underflowed (subnormal amax) or non-finite tiles keep scale 1.
+                let scale = if ratio > 0.0 && ratio.is_finite() {
+                    E8M0::from_f32(ratio, ScaleRounding::Up).to_f32()
                 } else {
                     1.0
                 };
@@ -218,6 +222,21 @@ mod tests {
         assert_eq!(KvCacheFormat::Bf16.bytes_per_token(KvDims::K3), 1152);
         assert_eq!(KvCacheFormat::Fp8Flat(Fp8Flavor::E4M3Fn).bytes_per_token(KvDims::K3), 576);
         assert_eq!(KvCacheFormat::Fp8Tiled(Fp8Flavor::E4M3Fnuz).bytes_per_token(KvDims::K3), 656);
+    }
+
+    #[test]
+    fn subnormal_amax_keeps_a_usable_scale() {
+        let d = KvDims { latent: 4, rope: 2 };
+        let v = [1e-44f32, 0.0, -1e-45, 0.0, 0.5, 0.25];
+        let f = Fp8Flavor::E4M3Fn;
+        assert_eq!(flat_fp8_scale(&v[..4], f), 1.0);
+        let fmt = KvCacheFormat::Fp8Tiled(f);
+        let mut bytes = vec![0u8; fmt.bytes_per_token(d)];
+        encode_token(fmt, d, &v, 1.0, &mut bytes).unwrap();
+        let mut out = [0f32; 6];
+        decode_token(fmt, d, &bytes, 1.0, &mut out).unwrap();
+        assert!(out.iter().all(|x| x.is_finite()), "{out:?}");
+        assert_eq!(&out[4..], &[0.5, 0.25]);
     }
 
     #[test]
