@@ -13,6 +13,7 @@
 //! the CPU reference. Tolerances come from [`crate::tolerance`].
 
 pub mod lse_merge;
+pub mod mla_decode;
 pub mod rng;
 
 pub use rng::TestRng;
@@ -27,11 +28,12 @@ use crate::tensor::HostTensor;
 pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     let mut v: Vec<(&'static str, &'static [&'static str])> = Vec::new();
     v.extend_from_slice(lse_merge::COVERAGE);
+    v.extend_from_slice(mla_decode::COVERAGE);
     v
 }
 
 /// The ops the contract promises (the coverage report lists each).
-pub const ALL_OPS: &[&str] = &["lse_merge"];
+pub const ALL_OPS: &[&str] = &["lse_merge", "mla_decode", "mla_prefill_absorbed"];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -92,12 +94,13 @@ macro_rules! conformance_suite {
         }
 
         $crate::conformance_lse_merge!();
+        $crate::conformance_mla_decode!();
     };
 }
 
 /// The op traits a backend must implement to run the whole suite.
-pub trait AllOps: crate::ops::LseMerge {}
-impl<T: crate::ops::LseMerge> AllOps for T {}
+pub trait AllOps: crate::ops::LseMerge + crate::ops::MlaDecode + crate::ops::MlaPrefillAbsorbed {}
+impl<T: crate::ops::LseMerge + crate::ops::MlaDecode + crate::ops::MlaPrefillAbsorbed> AllOps for T {}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

@@ -7,6 +7,7 @@
 
 mod io;
 mod lse_merge;
+mod mla_decode;
 pub mod math;
 
 pub use io::{read_f32, read_i64, write_f32};

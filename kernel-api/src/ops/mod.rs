@@ -11,9 +11,14 @@
 
 pub mod kv_cache;
 pub mod lse_merge;
+pub mod mla_decode;
 
 pub use kv_cache::{KvCacheFormat, KvDims, Fp8Flavor};
 pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
+pub use mla_decode::{
+    MlaDecode, MlaDecodeArgs, MlaDecodeBatch, MlaDecodeParams, MlaDecodePlan, MlaDecodeVariant, MlaKernel, MlaPagedCache,
+    MlaPrefillAbsorbed, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillParams, MlaPrefillPlan, MlaSchedule, MlaSplitPolicy,
+};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
