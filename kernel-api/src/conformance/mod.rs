@@ -17,6 +17,7 @@ pub mod kda_prefill;
 pub mod lse_merge;
 pub mod mla_cache_write;
 pub mod mla_prefill;
+pub mod mla_decode;
 pub mod rng;
 pub mod tensor_ops;
 
@@ -37,6 +38,7 @@ pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     v.extend_from_slice(mla_cache_write::COVERAGE);
     v.extend_from_slice(kda_gate::COVERAGE);
     v.extend_from_slice(kda_prefill::COVERAGE);
+    v.extend_from_slice(mla_decode::COVERAGE);
     v
 }
 
@@ -50,6 +52,7 @@ pub const ALL_OPS: &[&str] = &[
     "kda_gate",
     "kda_prefill",
 ];
+pub const ALL_OPS: &[&str] = &["lse_merge", "mla_decode", "mla_prefill_absorbed"];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -115,6 +118,7 @@ macro_rules! conformance_suite {
         $crate::conformance_mla_cache_write!();
         $crate::conformance_kda_gate!();
         $crate::conformance_kda_prefill!();
+        $crate::conformance_mla_decode!();
     };
 }
 
@@ -135,6 +139,8 @@ all_ops!(
     crate::ops::KdaGate,
     crate::ops::KdaPrefill,
 );
+pub trait AllOps: crate::ops::LseMerge + crate::ops::MlaDecode + crate::ops::MlaPrefillAbsorbed {}
+impl<T: crate::ops::LseMerge + crate::ops::MlaDecode + crate::ops::MlaPrefillAbsorbed> AllOps for T {}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

@@ -56,6 +56,19 @@ pub fn rms_inv(x: &[f32], eps: f32) -> f32 {
     (1.0 / (ms + eps as f64).sqrt()) as f32
 }
 
+/// LSE merge of partial attention results: the weights `exp(lse_p - lse)` of the parts and the
+/// merged `lse = ln Σ_p exp(lse_p)`; `None` when every part is empty (all lse_p = -inf), whose
+/// merged result is out = 0, lse = -inf.
+pub fn lse_merge_weights(lses: &[f32]) -> Option<(Vec<f64>, f32)> {
+    let m = lses.iter().fold(f64::NEG_INFINITY, |m, &l| m.max(l as f64));
+    if m == f64::NEG_INFINITY {
+        return None;
+    }
+    let e: Vec<f64> = lses.iter().map(|&l| (l as f64 - m).exp()).collect();
+    let total: f64 = e.iter().sum();
+    Some((e.iter().map(|x| x / total).collect(), (m + total.ln()) as f32))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ mod kda_prefill;
 mod lse_merge;
 mod mla_cache_write;
 mod mla_prefill;
+mod mla_decode;
 pub mod math;
 mod tensor_ops;
 

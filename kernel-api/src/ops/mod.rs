@@ -16,6 +16,7 @@ pub mod lse_merge;
 pub mod mla_cache_write;
 pub mod mla_prefill;
 pub mod tensor_ops;
+pub mod mla_decode;
 
 pub use kv_cache::{Fp8Flavor, KvCacheFormat, KvDims};
 pub use kda_gate::{
@@ -29,6 +30,10 @@ pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
 pub use mla_cache_write::{MlaCacheWrite, MlaCacheWriteArgs, MlaCacheWriteBatch, MlaCacheWriteParams, MlaCacheWritePlan};
 pub use mla_prefill::{MlaPrefill, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillKv, MlaPrefillParams, MlaPrefillPlan};
 pub use tensor_ops::{AddAssign, AddAssignArgs, CopyCast, CopyCastArgs, ElementwiseParams, ElementwisePlan};
+pub use mla_decode::{
+    MlaDecode, MlaDecodeArgs, MlaDecodeBatch, MlaDecodeParams, MlaDecodePlan, MlaDecodeVariant, MlaKernel, MlaPagedCache,
+    MlaPrefillAbsorbed, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillParams, MlaPrefillPlan, MlaSchedule, MlaSplitPolicy,
+};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
