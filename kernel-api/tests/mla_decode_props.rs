@@ -8,7 +8,7 @@ use kernel_api::cpu::CpuBackend;
 use kernel_api::ops::kv_cache::{KvCacheFormat, KvDims};
 use kernel_api::ops::mla_decode::{
     MlaDecode, MlaDecodeArgs, MlaDecodeBatch, MlaDecodeParams, MlaDecodePlan, MlaDecodeVariant, MlaKernel, MlaPagedCache,
-    MlaPrefillAbsorbed, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillParams, MlaPrefillPlan, MlaSplitPolicy, ASM_MIN_CHUNK_TOKENS,
+    MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedBatch, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaSplitPolicy, ASM_MIN_CHUNK_TOKENS,
     HEAD_GROUP, MLA_MAX_DIM,
 };
 use kernel_api::tolerance::{check_close, Tolerance};
@@ -205,9 +205,9 @@ proptest! {
     ) {
         let n = (seq_lens.len() * max_pages).min(40);
         let table: Vec<i32> = (0..n).map(|i| table_vals.get(i).copied().unwrap_or(0)).collect();
-        let p = MlaPrefillParams { cache, heads, softmax_scale: 0.1, causal };
-        let batch = MlaPrefillBatch { cu_seqlens_q: &cu, seq_lens: &seq_lens, block_table: &table, max_pages_per_seq: max_pages };
-        if let Ok(plan) = MlaPrefillPlan::new(&p, &batch) {
+        let p = MlaPrefillAbsorbedParams { cache, heads, softmax_scale: 0.1, causal };
+        let batch = MlaPrefillAbsorbedBatch { cu_seqlens_q: &cu, seq_lens: &seq_lens, block_table: &table, max_pages_per_seq: max_pages };
+        if let Ok(plan) = MlaPrefillAbsorbedPlan::new(&p, &batch) {
             let mut seen = vec![0u32; plan.total_q * plan.head_groups];
             for it in &plan.items {
                 prop_assert!(it.q_end - it.q_start <= 64);
@@ -335,7 +335,7 @@ fn cpu_prefill_rechecks_device_metadata() {
     let dims = KvDims { latent: 16, rope: 4 };
     let c = PagedCase::new(&mut rng, KvCacheFormat::Bf16, dims, 64, &[10, 6], 1.0);
     let cu = [0, 3, 5];
-    let p = MlaPrefillParams {
+    let p = MlaPrefillAbsorbedParams {
         cache: MlaPagedCache { dims, format: c.format, page_size: 64, num_pages: c.num_pages, kv_scale: 1.0 },
         heads: 3,
         softmax_scale: 0.3,
@@ -344,7 +344,7 @@ fn cpu_prefill_rechecks_device_metadata() {
     let plan = MlaPrefillAbsorbed::plan(
         &cpu,
         &p,
-        &MlaPrefillBatch { cu_seqlens_q: &cu, seq_lens: &c.seq_lens, block_table: &c.block_table, max_pages_per_seq: c.max_pages },
+        &MlaPrefillAbsorbedBatch { cu_seqlens_q: &cu, seq_lens: &c.seq_lens, block_table: &c.block_table, max_pages_per_seq: c.max_pages },
     )
     .unwrap();
     for (dev_cu, dev_lens, field) in [([0, 2, 5], [10, 6], "cu_seqlens_q"), ([0, 3, 5], [10, 5], "seq_lens")] {
@@ -354,7 +354,7 @@ fn cpu_prefill_rechecks_device_metadata() {
             cpu.upload_tensor(&HostTensor::from_bytes(DType::U8, &[c.num_pages, 64, 2 * dims.width()], c.bytes.clone()).unwrap()).unwrap();
         let (cu_t, lens_t, table_t) = (up(&[3], &dev_cu), up(&[2], &dev_lens), up(&[2, c.max_pages], &c.block_table));
         let mut out = cpu.zeros(DType::F32, &[5, 3, dims.latent]).unwrap();
-        let args = MlaPrefillArgs {
+        let args = MlaPrefillAbsorbedArgs {
             q: q.as_ref(),
             kv_cache: cache.as_ref(),
             cu_seqlens_q: cu_t.as_ref(),

@@ -6,7 +6,7 @@
 pub mod oracle;
 pub mod prefill;
 
-pub use prefill::{mla_prefill_matches_oracle, mla_prefill_rejects_bad_input};
+pub use prefill::{mla_prefill_absorbed_matches_oracle, mla_prefill_absorbed_rejects_bad_input};
 
 use self::oracle::{decode_oracle, e4m3_value, softmax_attention, PagedCase};
 use super::{download_f32, round_through, upload_f32, TestRng};
@@ -32,7 +32,7 @@ pub const COVERAGE: &[(&str, &[&str])] = &[
             "mla_decode_rejects_bad_input",
         ],
     ),
-    ("mla_prefill_absorbed", &["mla_prefill_matches_oracle", "mla_prefill_rejects_bad_input"]),
+    ("mla_prefill_absorbed", &["mla_prefill_absorbed_matches_oracle", "mla_prefill_absorbed_rejects_bad_input"]),
 ];
 
 const FN: Fp8Flavor = Fp8Flavor::E4M3Fn;
@@ -475,7 +475,7 @@ macro_rules! conformance_mla_decode {
         $crate::__k3_conf_test!(mla_decode_split_equals_unsplit, $crate::conformance::mla_decode::mla_decode_split_equals_unsplit);
         $crate::__k3_conf_test!(mla_decode_variants_agree, $crate::conformance::mla_decode::mla_decode_variants_agree);
         $crate::__k3_conf_test!(mla_decode_rejects_bad_input, $crate::conformance::mla_decode::mla_decode_rejects_bad_input);
-        $crate::__k3_conf_test!(mla_prefill_matches_oracle, $crate::conformance::mla_decode::mla_prefill_matches_oracle);
-        $crate::__k3_conf_test!(mla_prefill_rejects_bad_input, $crate::conformance::mla_decode::mla_prefill_rejects_bad_input);
+        $crate::__k3_conf_test!(mla_prefill_absorbed_matches_oracle, $crate::conformance::mla_decode::mla_prefill_absorbed_matches_oracle);
+        $crate::__k3_conf_test!(mla_prefill_absorbed_rejects_bad_input, $crate::conformance::mla_decode::mla_prefill_absorbed_rejects_bad_input);
     };
 }

@@ -51,8 +51,9 @@ pub const ALL_OPS: &[&str] = &[
     "mla_cache_write",
     "kda_gate",
     "kda_prefill",
+    "mla_decode",
+    "mla_prefill_absorbed",
 ];
-pub const ALL_OPS: &[&str] = &["lse_merge", "mla_decode", "mla_prefill_absorbed"];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -138,9 +139,9 @@ all_ops!(
     crate::ops::MlaCacheWrite,
     crate::ops::KdaGate,
     crate::ops::KdaPrefill,
+    crate::ops::MlaDecode,
+    crate::ops::MlaPrefillAbsorbed,
 );
-pub trait AllOps: crate::ops::LseMerge + crate::ops::MlaDecode + crate::ops::MlaPrefillAbsorbed {}
-impl<T: crate::ops::LseMerge + crate::ops::MlaDecode + crate::ops::MlaPrefillAbsorbed> AllOps for T {}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

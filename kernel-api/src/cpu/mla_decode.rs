@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::ops::check_workspace;
 use crate::ops::kv_cache::decode_token;
 use crate::ops::mla_decode::{
-    MlaDecode, MlaDecodeArgs, MlaDecodeParams, MlaDecodePlan, MlaKernel, MlaPagedCache, MlaPrefillAbsorbed, MlaPrefillArgs,
-    MlaPrefillParams, MlaPrefillPlan, MlaWorkItem, HEAD_GROUP,
+    MlaDecode, MlaDecodeArgs, MlaDecodeParams, MlaDecodePlan, MlaKernel, MlaPagedCache, MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs,
+    MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaWorkItem, HEAD_GROUP,
 };
 use crate::tensor::TensorRef;
 use std::ops::Range;
@@ -327,14 +327,14 @@ impl MlaDecode for CpuBackend {
 }
 
 impl MlaPrefillAbsorbed for CpuBackend {
-    fn supports(&self, _params: &MlaPrefillParams) -> Result<()> {
+    fn supports(&self, _params: &MlaPrefillAbsorbedParams) -> Result<()> {
         Ok(())
     }
 
     fn run(
         &self,
-        plan: &MlaPrefillPlan,
-        mut args: MlaPrefillArgs<'_, Self>,
+        plan: &MlaPrefillAbsorbedPlan,
+        mut args: MlaPrefillAbsorbedArgs<'_, Self>,
         workspace: Option<&mut HostBuffer>,
         _stream: &CpuStream,
     ) -> Result<()> {

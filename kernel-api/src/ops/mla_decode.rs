@@ -81,7 +81,7 @@ mod prefill;
 
 pub use partition::{MlaReduceEntry, MlaSchedule, MlaWorkItem, ASM_MIN_CHUNK_TOKENS, GLUON_MIN_SPLIT_TOKENS};
 pub use prefill::{
-    MlaPrefillAbsorbed, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillParams, MlaPrefillPlan, MlaPrefillWorkItem, PREFILL_Q_TILE,
+    MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedBatch, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaPrefillAbsorbedWorkItem, PREFILL_Q_TILE,
 };
 
 use super::kv_cache::{KvCacheFormat, KvDims};

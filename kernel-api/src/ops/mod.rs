@@ -32,7 +32,7 @@ pub use mla_prefill::{MlaPrefill, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillKv,
 pub use tensor_ops::{AddAssign, AddAssignArgs, CopyCast, CopyCastArgs, ElementwiseParams, ElementwisePlan};
 pub use mla_decode::{
     MlaDecode, MlaDecodeArgs, MlaDecodeBatch, MlaDecodeParams, MlaDecodePlan, MlaDecodeVariant, MlaKernel, MlaPagedCache,
-    MlaPrefillAbsorbed, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillParams, MlaPrefillPlan, MlaSchedule, MlaSplitPolicy,
+    MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedBatch, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaSchedule, MlaSplitPolicy,
 };
 
 use crate::backend::Backend;

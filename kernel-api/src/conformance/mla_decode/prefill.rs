@@ -9,7 +9,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::kv_cache::{KvCacheFormat, KvDims};
 use crate::ops::mla_decode::{
-    MlaDecode, MlaDecodeVariant, MlaPagedCache, MlaPrefillAbsorbed, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillParams, MlaSplitPolicy,
+    MlaDecode, MlaDecodeVariant, MlaPagedCache, MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedBatch, MlaPrefillAbsorbedParams, MlaSplitPolicy,
 };
 use crate::tensor::HostTensor;
 use crate::tolerance::{assert_close, Tolerance};
@@ -24,17 +24,17 @@ impl Ragged {
     fn total_q(&self) -> usize {
         *self.cu.last().unwrap_or(&0) as usize
     }
-    fn batch(&self) -> MlaPrefillBatch<'_> {
-        MlaPrefillBatch {
+    fn batch(&self) -> MlaPrefillAbsorbedBatch<'_> {
+        MlaPrefillAbsorbedBatch {
             cu_seqlens_q: &self.cu,
             seq_lens: &self.cache.seq_lens,
             block_table: &self.cache.block_table,
             max_pages_per_seq: self.cache.max_pages,
         }
     }
-    fn params(&self, heads: usize, scale: f32, causal: bool) -> MlaPrefillParams {
+    fn params(&self, heads: usize, scale: f32, causal: bool) -> MlaPrefillAbsorbedParams {
         let c = &self.cache;
-        MlaPrefillParams {
+        MlaPrefillAbsorbedParams {
             cache: MlaPagedCache { dims: c.dims, format: c.format, page_size: c.page_size, num_pages: c.num_pages, kv_scale: c.kv_scale },
             heads,
             softmax_scale: scale,
@@ -99,9 +99,9 @@ impl<B: Backend + MlaPrefillAbsorbed> Prefill<B> {
         }
     }
 
-    fn run(&mut self, b: &B, r: &Ragged, p: &MlaPrefillParams) -> Result<(Vec<f32>, Vec<f32>)> {
+    fn run(&mut self, b: &B, r: &Ragged, p: &MlaPrefillAbsorbedParams) -> Result<(Vec<f32>, Vec<f32>)> {
         let plan = MlaPrefillAbsorbed::plan(b, p, &r.batch())?;
-        let args = MlaPrefillArgs {
+        let args = MlaPrefillAbsorbedArgs {
             q: self.q.as_ref(),
             kv_cache: self.cache.as_ref(),
             cu_seqlens_q: self.cu.as_ref(),
@@ -119,7 +119,7 @@ impl<B: Backend + MlaPrefillAbsorbed> Prefill<B> {
 /// sequence without cached keys) agree with the f64 oracle to Tolerance::F32 (same algorithm on
 /// identical decoded inputs), bf16 outputs to Tolerance::BF16; causal prefill of equal blocks
 /// equals MlaDecode on the same cache (Tolerance::F32: both ops share the math).
-pub fn mla_prefill_matches_oracle<B: Backend + MlaPrefillAbsorbed + MlaDecode>(b: &B) {
+pub fn mla_prefill_absorbed_matches_oracle<B: Backend + MlaPrefillAbsorbed + MlaDecode>(b: &B) {
     let mut rng = TestRng::new(0x41B0);
     // (latent, rope, heads, page, format, causal, q_lens, seq_lens (None = q_lens + random context))
     type Case = (usize, usize, usize, usize, KvCacheFormat, bool, &'static [usize], Option<&'static [i32]>);
@@ -174,14 +174,14 @@ pub fn mla_prefill_matches_oracle<B: Backend + MlaPrefillAbsorbed + MlaDecode>(b
 }
 
 /// Malformed ragged metadata and tensors are typed errors naming the field.
-pub fn mla_prefill_rejects_bad_input<B: Backend + MlaPrefillAbsorbed>(b: &B) {
+pub fn mla_prefill_absorbed_rejects_bad_input<B: Backend + MlaPrefillAbsorbed>(b: &B) {
     let mut rng = TestRng::new(0x41B1);
     let dims = KvDims { latent: 32, rope: 8 };
     let r = ragged(&mut rng, KvCacheFormat::Fp8Tiled(Fp8Flavor::E4M3Fn), dims, 64, &[4, 9], &[10, 9]);
     let good = r.params(4, 0.2, true);
     let expect = |e: Error, field: &str| assert_eq!(e.field(), Some(field), "{e}");
-    let plan_err = |p: &MlaPrefillParams, cu: &[i32], lens: &[i32]| {
-        let batch = MlaPrefillBatch { cu_seqlens_q: cu, seq_lens: lens, ..r.batch() };
+    let plan_err = |p: &MlaPrefillAbsorbedParams, cu: &[i32], lens: &[i32]| {
+        let batch = MlaPrefillAbsorbedBatch { cu_seqlens_q: cu, seq_lens: lens, ..r.batch() };
         MlaPrefillAbsorbed::plan(b, p, &batch).expect_err("must be rejected")
     };
     let lens = r.cache.seq_lens.clone();
@@ -191,11 +191,11 @@ pub fn mla_prefill_rejects_bad_input<B: Backend + MlaPrefillAbsorbed>(b: &B) {
     expect(plan_err(&good, &[0, 4, 14], &lens), "batch.seq_lens"); // 10 causal queries, 9 keys
     MlaPrefillAbsorbed::plan(
         b,
-        &MlaPrefillParams { causal: false, ..good.clone() },
-        &MlaPrefillBatch { cu_seqlens_q: &[0, 4, 14], ..r.batch() },
+        &MlaPrefillAbsorbedParams { causal: false, ..good.clone() },
+        &MlaPrefillAbsorbedBatch { cu_seqlens_q: &[0, 4, 14], ..r.batch() },
     )
     .expect("without the causal mask a block may outnumber its keys");
-    expect(plan_err(&MlaPrefillParams { heads: 0, ..good.clone() }, &r.cu, &lens), "params.heads");
+    expect(plan_err(&MlaPrefillAbsorbedParams { heads: 0, ..good.clone() }, &r.cu, &lens), "params.heads");
     let mut p = good.clone();
     p.cache.page_size = 16;
     expect(plan_err(&p, &r.cu, &lens), "params.cache.page_size");

@@ -16,7 +16,7 @@ pub const PREFILL_Q_TILE: usize = 64;
 
 /// Shape and mode of an absorbed ragged prefill.
 #[derive(Clone, Debug, PartialEq)]
-pub struct MlaPrefillParams {
+pub struct MlaPrefillAbsorbedParams {
     pub cache: MlaPagedCache,
     pub heads: usize,
     pub softmax_scale: f32,
@@ -27,7 +27,7 @@ pub struct MlaPrefillParams {
 
 /// Host copy of the batch metadata; the device copies passed to `run` must hold the same values.
 #[derive(Clone, Copy, Debug)]
-pub struct MlaPrefillBatch<'a> {
+pub struct MlaPrefillAbsorbedBatch<'a> {
     /// `[batch + 1]`, starting at 0, non-decreasing; the last entry is `total_q`.
     pub cu_seqlens_q: &'a [i32],
     /// `[batch]`: cached tokens per sequence (keys).
@@ -39,7 +39,7 @@ pub struct MlaPrefillBatch<'a> {
 
 /// Tensor arguments of [`MlaPrefillAbsorbed::run`].
 #[derive(Debug)]
-pub struct MlaPrefillArgs<'a, B: Backend + ?Sized> {
+pub struct MlaPrefillAbsorbedArgs<'a, B: Backend + ?Sized> {
     /// `[total_q, heads, latent + rope]` f32 or bf16.
     pub q: TensorRef<'a, B>,
     /// As in decode.
@@ -59,7 +59,7 @@ pub struct MlaPrefillArgs<'a, B: Backend + ?Sized> {
 /// Up to [`PREFILL_Q_TILE`] query rows (`q_start..q_end`, rows of `q`) of one sequence and one
 /// head group, over all of the sequence's keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MlaPrefillWorkItem {
+pub struct MlaPrefillAbsorbedWorkItem {
     pub batch: u32,
     pub head_group: u32,
     pub q_start: u32,
@@ -68,19 +68,19 @@ pub struct MlaPrefillWorkItem {
 
 /// A validated prefill.
 #[derive(Clone, Debug, PartialEq)]
-pub struct MlaPrefillPlan {
-    pub params: MlaPrefillParams,
+pub struct MlaPrefillAbsorbedPlan {
+    pub params: MlaPrefillAbsorbedParams,
     pub batch: usize,
     pub total_q: usize,
     pub max_pages_per_seq: usize,
     pub cu_seqlens_q: Vec<u32>,
     pub seq_lens: Vec<u32>,
     pub head_groups: usize,
-    pub items: Vec<MlaPrefillWorkItem>,
+    pub items: Vec<MlaPrefillAbsorbedWorkItem>,
 }
 
-impl MlaPrefillPlan {
-    pub fn new(p: &MlaPrefillParams, batch: &MlaPrefillBatch<'_>) -> Result<Self> {
+impl MlaPrefillAbsorbedPlan {
+    pub fn new(p: &MlaPrefillAbsorbedParams, batch: &MlaPrefillAbsorbedBatch<'_>) -> Result<Self> {
         p.cache.validate()?;
         check_heads(p.heads)?;
         check_softmax_scale(p.softmax_scale)?;
@@ -108,11 +108,11 @@ impl MlaPrefillPlan {
                 for g in 0..head_groups {
                     let start = q0 + t * PREFILL_Q_TILE;
                     let end = (start + PREFILL_Q_TILE).min(q1);
-                    items.push(MlaPrefillWorkItem { batch: b as u32, head_group: g as u32, q_start: start as u32, q_end: end as u32 });
+                    items.push(MlaPrefillAbsorbedWorkItem { batch: b as u32, head_group: g as u32, q_start: start as u32, q_end: end as u32 });
                 }
             }
         }
-        Ok(MlaPrefillPlan {
+        Ok(MlaPrefillAbsorbedPlan {
             params: p.clone(),
             batch: seq_lens.len(),
             total_q: cu.last().map_or(0, |&t| t as usize),
@@ -125,7 +125,7 @@ impl MlaPrefillPlan {
     }
 
     /// Checks every tensor argument against the plan.
-    pub fn check_args<B: Backend + ?Sized>(&self, b: &B, a: &MlaPrefillArgs<'_, B>) -> Result<()> {
+    pub fn check_args<B: Backend + ?Sized>(&self, b: &B, a: &MlaPrefillAbsorbedArgs<'_, B>) -> Result<()> {
         let p = &self.params;
         let (n, t, h) = (Dim::Is(self.batch), Dim::Is(self.total_q), Dim::Is(p.heads));
         a.q.check(b, "q")?.dtype(&[DType::F32, DType::BF16])?.shape(&[t, h, Dim::Is(p.cache.dims.width())])?.unit_inner_stride()?;
@@ -143,20 +143,20 @@ impl MlaPrefillPlan {
 
 /// Absorbed MLA attention of ragged query blocks over the paged latent cache.
 pub trait MlaPrefillAbsorbed: Backend {
-    fn supports(&self, params: &MlaPrefillParams) -> Result<()>;
-    fn plan(&self, params: &MlaPrefillParams, batch: &MlaPrefillBatch<'_>) -> Result<MlaPrefillPlan> {
-        let plan = MlaPrefillPlan::new(params, batch)?;
+    fn supports(&self, params: &MlaPrefillAbsorbedParams) -> Result<()>;
+    fn plan(&self, params: &MlaPrefillAbsorbedParams, batch: &MlaPrefillAbsorbedBatch<'_>) -> Result<MlaPrefillAbsorbedPlan> {
+        let plan = MlaPrefillAbsorbedPlan::new(params, batch)?;
         MlaPrefillAbsorbed::supports(self, params)?;
         Ok(plan)
     }
     /// No split-KV: the items write `out`/`lse` directly.
-    fn workspace_size(&self, _plan: &MlaPrefillPlan) -> usize {
+    fn workspace_size(&self, _plan: &MlaPrefillAbsorbedPlan) -> usize {
         0
     }
     fn run(
         &self,
-        plan: &MlaPrefillPlan,
-        args: MlaPrefillArgs<'_, Self>,
+        plan: &MlaPrefillAbsorbedPlan,
+        args: MlaPrefillAbsorbedArgs<'_, Self>,
         workspace: Option<&mut Self::Buffer>,
         stream: &Self::Stream,
     ) -> Result<()>;
