@@ -12,6 +12,8 @@
 //! test (naive f64 definitions, worked values from the spec), and on non-CPU backends also with
 //! the CPU reference. Tolerances come from [`crate::tolerance`].
 
+pub mod conv1d;
+pub mod kda_decode;
 pub mod lse_merge;
 pub mod rng;
 
@@ -27,11 +29,13 @@ use crate::tensor::HostTensor;
 pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     let mut v: Vec<(&'static str, &'static [&'static str])> = Vec::new();
     v.extend_from_slice(lse_merge::COVERAGE);
+    v.extend_from_slice(conv1d::COVERAGE);
+    v.extend_from_slice(kda_decode::COVERAGE);
     v
 }
 
 /// The ops the contract promises (the coverage report lists each).
-pub const ALL_OPS: &[&str] = &["lse_merge"];
+pub const ALL_OPS: &[&str] = &["lse_merge", "causal_conv1d", "kda_decode"];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -92,12 +96,14 @@ macro_rules! conformance_suite {
         }
 
         $crate::conformance_lse_merge!();
+        $crate::conformance_conv1d!();
+        $crate::conformance_kda_decode!();
     };
 }
 
 /// The op traits a backend must implement to run the whole suite.
-pub trait AllOps: crate::ops::LseMerge {}
-impl<T: crate::ops::LseMerge> AllOps for T {}
+pub trait AllOps: crate::ops::LseMerge + crate::ops::CausalConv1d + crate::ops::KdaDecode {}
+impl<T: crate::ops::LseMerge + crate::ops::CausalConv1d + crate::ops::KdaDecode> AllOps for T {}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

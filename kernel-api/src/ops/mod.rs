@@ -9,9 +9,15 @@
 //!   `run` calls can be captured into a CUDA/HIP graph;
 //! - workspaces are caller-owned buffers of at least `workspace_size(&plan)` bytes.
 
+pub mod conv1d;
+pub mod kda_decode;
+pub mod kda_gate;
 pub mod kv_cache;
 pub mod lse_merge;
 
+pub use conv1d::{CausalConv1d, CausalConv1dArgs, CausalConv1dBatch, CausalConv1dParams, CausalConv1dPlan, ConvActivation, HostIndices};
+pub use kda_decode::{KdaDecode, KdaDecodeArgs, KdaDecodeBatch, KdaDecodeParams, KdaDecodePlan, KdaOutputNorm};
+pub use kda_gate::{KdaGateMode, KdaStateLayout};
 pub use kv_cache::{KvCacheFormat, KvDims, Fp8Flavor};
 pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
 
