@@ -14,6 +14,8 @@
 
 pub mod kda_gate;
 pub mod kda_prefill;
+pub mod conv1d;
+pub mod kda_decode;
 pub mod lse_merge;
 pub mod mla_cache_write;
 pub mod mla_prefill;
@@ -39,6 +41,8 @@ pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     v.extend_from_slice(kda_gate::COVERAGE);
     v.extend_from_slice(kda_prefill::COVERAGE);
     v.extend_from_slice(mla_decode::COVERAGE);
+    v.extend_from_slice(conv1d::COVERAGE);
+    v.extend_from_slice(kda_decode::COVERAGE);
     v
 }
 
@@ -53,6 +57,8 @@ pub const ALL_OPS: &[&str] = &[
     "kda_prefill",
     "mla_decode",
     "mla_prefill_absorbed",
+    "causal_conv1d",
+    "kda_decode",
 ];
 
 /// Prints the coverage table and fails if an op has no test.
@@ -120,6 +126,8 @@ macro_rules! conformance_suite {
         $crate::conformance_kda_gate!();
         $crate::conformance_kda_prefill!();
         $crate::conformance_mla_decode!();
+        $crate::conformance_conv1d!();
+        $crate::conformance_kda_decode!();
     };
 }
 
@@ -141,6 +149,8 @@ all_ops!(
     crate::ops::KdaPrefill,
     crate::ops::MlaDecode,
     crate::ops::MlaPrefillAbsorbed,
+    crate::ops::CausalConv1d,
+    crate::ops::KdaDecode,
 );
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.

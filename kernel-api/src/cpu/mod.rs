@@ -5,9 +5,11 @@
 //! threads with rayon where test time needs it. Every `run` re-validates its arguments and the
 //! index values it reads, so bad input is an error here too, never a panic or a stray access.
 
+mod conv1d;
 mod io;
 mod kda_gate;
 mod kda_prefill;
+mod kda_decode;
 mod lse_merge;
 mod mla_cache_write;
 mod mla_prefill;

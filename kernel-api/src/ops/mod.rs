@@ -11,6 +11,8 @@
 
 pub mod kda_gate;
 pub mod kda_prefill;
+pub mod conv1d;
+pub mod kda_decode;
 pub mod kv_cache;
 pub mod lse_merge;
 pub mod mla_cache_write;
@@ -26,6 +28,8 @@ pub use kda_prefill::{
     KdaCheckpointOffsets, KdaPrefill, KdaPrefillArgs, KdaPrefillBatch, KdaPrefillParams, KdaPrefillPlan, KDA_CHUNK_SIZES,
     KDA_L2_EPS,
 };
+pub use conv1d::{CausalConv1d, CausalConv1dArgs, CausalConv1dBatch, CausalConv1dParams, CausalConv1dPlan, ConvActivation, HostIndices};
+pub use kda_decode::{KdaDecode, KdaDecodeArgs, KdaDecodeBatch, KdaDecodeParams, KdaDecodePlan, KdaOutputNorm};
 pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
 pub use mla_cache_write::{MlaCacheWrite, MlaCacheWriteArgs, MlaCacheWriteBatch, MlaCacheWriteParams, MlaCacheWritePlan};
 pub use mla_prefill::{MlaPrefill, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillKv, MlaPrefillParams, MlaPrefillPlan};
