@@ -13,6 +13,9 @@
 //! the CPU reference. Tolerances come from [`crate::tolerance`].
 
 pub mod lse_merge;
+pub mod moe_align;
+pub mod moe_gemm;
+pub mod moe_router;
 pub mod rng;
 
 pub use rng::TestRng;
@@ -27,11 +30,14 @@ use crate::tensor::HostTensor;
 pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     let mut v: Vec<(&'static str, &'static [&'static str])> = Vec::new();
     v.extend_from_slice(lse_merge::COVERAGE);
+    v.extend_from_slice(moe_router::COVERAGE);
+    v.extend_from_slice(moe_align::COVERAGE);
+    v.extend_from_slice(moe_gemm::COVERAGE);
     v
 }
 
 /// The ops the contract promises (the coverage report lists each).
-pub const ALL_OPS: &[&str] = &["lse_merge"];
+pub const ALL_OPS: &[&str] = &["lse_merge", "moe_router", "moe_align", "moe_grouped_gemm", "moe_combine"];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -92,12 +98,21 @@ macro_rules! conformance_suite {
         }
 
         $crate::conformance_lse_merge!();
+        $crate::conformance_moe_router!();
+        $crate::conformance_moe_align!();
+        $crate::conformance_moe_gemm!();
     };
 }
 
 /// The op traits a backend must implement to run the whole suite.
-pub trait AllOps: crate::ops::LseMerge {}
-impl<T: crate::ops::LseMerge> AllOps for T {}
+pub trait AllOps:
+    crate::ops::LseMerge + crate::ops::MoeRouter + crate::ops::MoeAlign + crate::ops::MoeGroupedGemm + crate::ops::MoeCombine
+{
+}
+impl<T> AllOps for T where
+    T: crate::ops::LseMerge + crate::ops::MoeRouter + crate::ops::MoeAlign + crate::ops::MoeGroupedGemm + crate::ops::MoeCombine
+{
+}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

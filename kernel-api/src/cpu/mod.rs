@@ -7,6 +7,9 @@
 
 mod io;
 mod lse_merge;
+mod moe_align;
+mod moe_gemm;
+mod moe_router;
 pub mod math;
 
 pub use io::{read_f32, read_i64, write_f32};

@@ -11,9 +11,18 @@
 
 pub mod kv_cache;
 pub mod lse_merge;
+pub mod moe_align;
+pub mod moe_gemm;
+pub mod moe_router;
 
 pub use kv_cache::{KvCacheFormat, KvDims, Fp8Flavor};
 pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
+pub use moe_align::{MoeAlign, MoeAlignArgs, MoeAlignParams, MoeAlignPlan, MoeRouting};
+pub use moe_gemm::{
+    MoeActivationQuant, MoeCombine, MoeCombineArgs, MoeCombineParams, MoeCombinePlan, MoeGemmArgs, MoeGemmParams, MoeGemmPlan,
+    MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
+};
+pub use moe_router::{MoeRouter, MoeRouterArgs, MoeRouterParams, MoeRouterPlan, RouterScore};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
