@@ -111,8 +111,11 @@ pub fn moe_align_matches_naive_sort<B: Backend + MoeAlign>(b: &B) {
         check_against_naive(b, &r, &one, None, &format!("one expert {r:?}"));
     }
     // The plan's worst case is roundup(P + E·(M-1), M).
-    let plan = MoeAlign::plan(b, &MoeAlignParams { routing: MoeRouting { tokens: 10, top_k: 3, experts: 7, block_m: 4 }, global_experts: None })
-        .expect("plan");
+    let plan = MoeAlign::plan(
+        b,
+        &MoeAlignParams { routing: MoeRouting { tokens: 10, top_k: 3, experts: 7, block_m: 4 }, global_experts: None },
+    )
+    .expect("plan");
     assert_eq!((plan.max_padded, plan.num_blocks), (52, 13));
 }
 
@@ -158,7 +161,11 @@ pub fn moe_align_rejects_bad_shapes<B: Backend + MoeAlign>(b: &B) {
     let mut used_i64 = b.zeros(DType::I64, &[1]).unwrap();
     let mut ws = b.alloc_zeroed(MoeAlign::workspace_size(b, &plan)).unwrap();
     let s = b.default_stream();
-    let mut run = |ids: &DeviceTensor<B>, map: Option<&DeviceTensor<B>>, st: &mut DeviceTensor<B>, u: &mut DeviceTensor<B>, ws: Option<&mut B::Buffer>| {
+    let mut run = |ids: &DeviceTensor<B>,
+                   map: Option<&DeviceTensor<B>>,
+                   st: &mut DeviceTensor<B>,
+                   u: &mut DeviceTensor<B>,
+                   ws: Option<&mut B::Buffer>| {
         let args = MoeAlignArgs {
             topk_ids: ids.as_ref(),
             expert_map: map.map(DeviceTensor::as_ref),
@@ -183,7 +190,10 @@ pub fn moe_align_rejects_bad_shapes<B: Backend + MoeAlign>(b: &B) {
 macro_rules! conformance_moe_align {
     () => {
         $crate::__k3_conf_test!(moe_align_matches_naive_sort, $crate::conformance::moe_align::moe_align_matches_naive_sort);
-        $crate::__k3_conf_test!(moe_align_expert_map_drops_pairs, $crate::conformance::moe_align::moe_align_expert_map_drops_pairs);
+        $crate::__k3_conf_test!(
+            moe_align_expert_map_drops_pairs,
+            $crate::conformance::moe_align::moe_align_expert_map_drops_pairs
+        );
         $crate::__k3_conf_test!(moe_align_rejects_bad_shapes, $crate::conformance::moe_align::moe_align_rejects_bad_shapes);
     };
 }

@@ -166,7 +166,12 @@ fn check_case<B: Backend + MoeRouter>(b: &B, c: &RouterCase, what: &str) {
         let got: Vec<usize> = ids[t * k..(t + 1) * k].iter().map(|&i| i as usize).collect();
         assert_eq!(got, want, "{what}: token {t} ids");
         // Sigmoid of an f32 logit vs the f64 oracle: f32 rounding only, so the f32 threshold.
-        assert_close(&format!("{what}: token {t} weights"), &weights[t * k..(t + 1) * k], &oracle_weights(&c.p, &scores, &want), Tolerance::F32);
+        assert_close(
+            &format!("{what}: token {t} weights"),
+            &weights[t * k..(t + 1) * k],
+            &oracle_weights(&c.p, &scores, &want),
+            Tolerance::F32,
+        );
     }
     assert!(checked * 10 >= c.p.tokens * 9, "{what}: only {checked} of {} tokens free of near-ties", c.p.tokens);
 }
@@ -260,7 +265,13 @@ pub fn moe_router_ties_lowest_index<B: Backend + MoeRouter>(b: &B) {
     }
     // All scores equal (x = 0): experts 0..k, each weight 1/k; grouped: the first groups.
     for (n_group, topk_group) in [(1, 1), (2, 1), (4, 2), (8, 4)] {
-        let c = RouterCase { p: MoeRouterParams { n_group, topk_group, ..params(2, 4, 8, 4) }, x: vec![0.0; 8], w: w.clone(), bias: None, in_dtype: DType::F32 };
+        let c = RouterCase {
+            p: MoeRouterParams { n_group, topk_group, ..params(2, 4, 8, 4) },
+            x: vec![0.0; 8],
+            w: w.clone(),
+            bias: None,
+            in_dtype: DType::F32,
+        };
         let (ids, weights) = route(b, &c).expect("route");
         assert_eq!(ids, vec![0, 1, 2, 3, 0, 1, 2, 3], "all-equal scores, groups {n_group}/{topk_group}");
         assert_eq!(weights, vec![0.25; 8]);
@@ -277,7 +288,10 @@ pub fn moe_router_rejects_bad_input<B: Backend + MoeRouter>(b: &B) {
     assert_eq!(plan_err(MoeRouterParams { n_group: 4, ..p.clone() }).as_deref(), Some("params.n_group"));
     assert_eq!(plan_err(MoeRouterParams { n_group: 3, topk_group: 4, ..p.clone() }).as_deref(), Some("params.topk_group"));
     assert_eq!(plan_err(MoeRouterParams { n_group: 3, topk_group: 1, top_k: 3, ..p.clone() }).as_deref(), Some("params.top_k"));
-    assert_eq!(plan_err(MoeRouterParams { routed_scaling_factor: f32::NAN, ..p.clone() }).as_deref(), Some("params.routed_scaling_factor"));
+    assert_eq!(
+        plan_err(MoeRouterParams { routed_scaling_factor: f32::NAN, ..p.clone() }).as_deref(),
+        Some("params.routed_scaling_factor")
+    );
 
     let plan = MoeRouter::plan(b, &p).expect("plan");
     let t = |dt: DType, shape: &[usize]| b.zeros(dt, shape).unwrap();
@@ -285,7 +299,13 @@ pub fn moe_router_rejects_bad_input<B: Backend + MoeRouter>(b: &B) {
     let (bias_f32, bias_bf16) = (t(DType::F32, &[6]), t(DType::BF16, &[6]));
     let run = |x: &DeviceTensor<B>, w: &DeviceTensor<B>, bias: &DeviceTensor<B>, id_dt: DType, wt_dt: DType| {
         let (mut ids, mut wts) = (t(id_dt, &[2, 2]), t(wt_dt, &[2, 2]));
-        let args = MoeRouterArgs { x: x.as_ref(), weight: w.as_ref(), bias: Some(bias.as_ref()), topk_ids: ids.as_mut(), topk_weights: wts.as_mut() };
+        let args = MoeRouterArgs {
+            x: x.as_ref(),
+            weight: w.as_ref(),
+            bias: Some(bias.as_ref()),
+            topk_ids: ids.as_mut(),
+            topk_weights: wts.as_mut(),
+        };
         MoeRouter::run(b, &plan, args, None, b.default_stream()).err().and_then(|e| e.field().map(str::to_string))
     };
     assert_eq!(run(&x, &w, &bias_bf16, DType::I32, DType::F32).as_deref(), Some("bias"), "a bf16 bias must be rejected");
@@ -302,7 +322,10 @@ pub fn moe_router_rejects_bad_input<B: Backend + MoeRouter>(b: &B) {
 macro_rules! conformance_moe_router {
     () => {
         $crate::__k3_conf_test!(moe_router_matches_oracle, $crate::conformance::moe_router::moe_router_matches_oracle);
-        $crate::__k3_conf_test!(moe_router_grouped_matches_oracle, $crate::conformance::moe_router::moe_router_grouped_matches_oracle);
+        $crate::__k3_conf_test!(
+            moe_router_grouped_matches_oracle,
+            $crate::conformance::moe_router::moe_router_grouped_matches_oracle
+        );
         $crate::__k3_conf_test!(moe_router_bias_selects_only, $crate::conformance::moe_router::moe_router_bias_selects_only);
         $crate::__k3_conf_test!(moe_router_ties_lowest_index, $crate::conformance::moe_router::moe_router_ties_lowest_index);
         $crate::__k3_conf_test!(moe_router_rejects_bad_input, $crate::conformance::moe_router::moe_router_rejects_bad_input);

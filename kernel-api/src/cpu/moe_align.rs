@@ -7,7 +7,10 @@ use crate::tensor::TensorMut;
 pub(super) fn write_i32(t: &mut TensorMut<'_, CpuBackend>, values: &[i32]) -> Result<()> {
     let offs = t.layout.element_offsets();
     if offs.len() != values.len() || t.layout.dtype.size_bytes() != 4 {
-        return Err(Error::invalid("output", format!("{} i32 values for {} x {} elements", values.len(), offs.len(), t.layout.dtype)));
+        return Err(Error::invalid(
+            "output",
+            format!("{} i32 values for {} x {} elements", values.len(), offs.len(), t.layout.dtype),
+        ));
     }
     for (o, v) in offs.into_iter().zip(values) {
         let dst = t.buf.0.get_mut(o * 4..o * 4 + 4).ok_or_else(|| Error::invalid("output", "element outside the buffer"))?;
@@ -22,9 +25,10 @@ fn local_experts(ids: &[i64], map: Option<&[i64]>, local: usize) -> Result<Vec<O
         .enumerate()
         .map(|(p, &id)| {
             let bound = map.map_or(local, <[i64]>::len);
-            let e = usize::try_from(id).ok().filter(|&e| e < bound).ok_or_else(|| {
-                Error::invalid("topk_ids", format!("pair {p} names expert {id}, outside 0..{bound}"))
-            })?;
+            let e = usize::try_from(id)
+                .ok()
+                .filter(|&e| e < bound)
+                .ok_or_else(|| Error::invalid("topk_ids", format!("pair {p} names expert {id}, outside 0..{bound}")))?;
             let Some(map) = map else { return Ok(Some(e)) };
             match map[e] {
                 -1 => Ok(None),

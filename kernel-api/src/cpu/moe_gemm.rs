@@ -63,9 +63,10 @@ fn served_pairs(plan: &MoeGemmPlan, args: &MoeGemmArgs<'_, CpuBackend>) -> Resul
         if e == -1 {
             continue;
         }
-        let e = usize::try_from(e).ok().filter(|&e| e < r.experts).ok_or_else(|| {
-            Error::invalid("expert_ids", format!("block {blk} names expert {e}, outside -1..{}", r.experts))
-        })?;
+        let e = usize::try_from(e)
+            .ok()
+            .filter(|&e| e < r.experts)
+            .ok_or_else(|| Error::invalid("expert_ids", format!("block {blk} names expert {e}, outside -1..{}", r.experts)))?;
         for (i, &id) in sorted.iter().enumerate().skip(blk * r.block_m).take(r.block_m) {
             if id == plan.pairs as i64 {
                 continue; // padding sentinel
@@ -119,7 +120,8 @@ impl MoeGroupedGemm for CpuBackend {
                 }
             }
             MoeGemmStage::Down => {
-                let tw = args.topk_weights.as_ref().ok_or_else(|| Error::invalid("topk_weights", "required by the down stage"))?;
+                let tw =
+                    args.topk_weights.as_ref().ok_or_else(|| Error::invalid("topk_weights", "required by the down stage"))?;
                 let router_w = read_f32(tw)?;
                 for &(pair, e) in &served {
                     let a = &input[pair * k..(pair + 1) * k];

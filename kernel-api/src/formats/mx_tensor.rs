@@ -15,7 +15,7 @@ use crate::error::{ensure, Error, Result};
 
 /// Checks `cols` and returns (packed bytes, scale bytes) for `rows x cols` values.
 fn mxfp4_sizes(rows: usize, cols: usize) -> Result<(usize, usize)> {
-    ensure(cols % MX_BLOCK == 0, "cols", || format!("{cols} columns is not a multiple of the MX block ({MX_BLOCK})"))?;
+    ensure(cols.is_multiple_of(MX_BLOCK), "cols", || format!("{cols} columns is not a multiple of the MX block ({MX_BLOCK})"))?;
     let packed = rows.checked_mul(cols / 2).ok_or_else(|| Error::invalid("rows", "rows x cols overflows usize"))?;
     Ok((packed, rows * (cols / MX_BLOCK)))
 }

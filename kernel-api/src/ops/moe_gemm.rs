@@ -137,10 +137,14 @@ impl MoeGemmPlan {
         ensure(p.k >= 1, "params.k", || "must be at least 1".into())?;
         ensure(p.n >= 1, "params.n", || "must be at least 1".into())?;
         if p.weights == MoeWeightFormat::Mxfp4 {
-            ensure(p.k % MX_BLOCK == 0, "params.k", || format!("{} is not a multiple of {MX_BLOCK}, required by MXFP4 weights", p.k))?;
+            ensure(p.k.is_multiple_of(MX_BLOCK), "params.k", || {
+                format!("{} is not a multiple of {MX_BLOCK}, required by MXFP4 weights", p.k)
+            })?;
         }
         if p.activation_quant == Some(MoeActivationQuant::Mxfp8) {
-            ensure(p.k % MX_BLOCK == 0, "params.k", || format!("{} is not a multiple of {MX_BLOCK}, required by MXFP8 activations", p.k))?;
+            ensure(p.k.is_multiple_of(MX_BLOCK), "params.k", || {
+                format!("{} is not a multiple of {MX_BLOCK}, required by MXFP8 activations", p.k)
+            })?;
         }
         if let MoeGemmStage::GateUp { beta, linear_beta } = p.stage {
             check_beta(beta, "params.stage.beta")?;
@@ -151,7 +155,8 @@ impl MoeGemmPlan {
         let overflow = || Error::invalid("params.n", "tensor sizes overflow usize");
         let weight_rows = p.weight_rows().ok_or_else(overflow)?;
         let pairs = r.pairs().ok_or_else(overflow)?;
-        let sizes = [r.experts.checked_mul(weight_rows).and_then(|x| x.checked_mul(p.k)), pairs.checked_mul(p.n), pairs.checked_mul(p.k)];
+        let sizes =
+            [r.experts.checked_mul(weight_rows).and_then(|x| x.checked_mul(p.k)), pairs.checked_mul(p.n), pairs.checked_mul(p.k)];
         if sizes.iter().any(Option::is_none) {
             return Err(overflow());
         }
@@ -169,7 +174,11 @@ impl MoeGemmPlan {
         a.input.check(b, "input")?.dtype(&[DType::F32, DType::BF16])?.shape(&[Dim::Is(in_rows), Dim::Is(k)])?;
         match p.weights {
             MoeWeightFormat::Dense => {
-                a.weight.check(b, "weight")?.dtype(&[DType::BF16, DType::F32])?.shape(&[Dim::Is(e), Dim::Is(rows), Dim::Is(k)])?;
+                a.weight.check(b, "weight")?.dtype(&[DType::BF16, DType::F32])?.shape(&[
+                    Dim::Is(e),
+                    Dim::Is(rows),
+                    Dim::Is(k),
+                ])?;
                 if a.weight_scale.is_some() {
                     return Err(Error::invalid("weight_scale", "given for dense weights (only MXFP4 weights have scales)"));
                 }

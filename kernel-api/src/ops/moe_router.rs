@@ -103,7 +103,7 @@ impl MoeRouterPlan {
         ensure(p.top_k >= 1 && p.top_k <= p.experts, "params.top_k", || {
             format!("{} is outside 1..={} (the number of experts)", p.top_k, p.experts)
         })?;
-        ensure(p.n_group >= 1 && p.experts % p.n_group == 0, "params.n_group", || {
+        ensure(p.n_group >= 1 && p.experts.is_multiple_of(p.n_group), "params.n_group", || {
             format!("{} groups do not split {} experts evenly", p.n_group, p.experts)
         })?;
         ensure(p.topk_group >= 1 && p.topk_group <= p.n_group, "params.topk_group", || {
@@ -130,7 +130,10 @@ impl MoeRouterPlan {
             if bias.layout.dtype != DType::F32 {
                 return Err(Error::invalid(
                     "bias",
-                    format!("dtype {} not accepted: the router correction bias must stay f32 (never truncated)", bias.layout.dtype),
+                    format!(
+                        "dtype {} not accepted: the router correction bias must stay f32 (never truncated)",
+                        bias.layout.dtype
+                    ),
                 ));
             }
             bias.check(b, "bias")?.shape(&[Dim::Is(p.experts)])?;
