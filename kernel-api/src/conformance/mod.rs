@@ -20,6 +20,9 @@ pub mod lse_merge;
 pub mod mla_cache_write;
 pub mod mla_prefill;
 pub mod mla_decode;
+pub mod moe_align;
+pub mod moe_gemm;
+pub mod moe_router;
 pub mod rng;
 pub mod tensor_ops;
 
@@ -43,6 +46,9 @@ pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     v.extend_from_slice(mla_decode::COVERAGE);
     v.extend_from_slice(conv1d::COVERAGE);
     v.extend_from_slice(kda_decode::COVERAGE);
+    v.extend_from_slice(moe_router::COVERAGE);
+    v.extend_from_slice(moe_align::COVERAGE);
+    v.extend_from_slice(moe_gemm::COVERAGE);
     v
 }
 
@@ -60,6 +66,7 @@ pub const ALL_OPS: &[&str] = &[
     "causal_conv1d",
     "kda_decode",
 ];
+pub const ALL_OPS: &[&str] = &["lse_merge", "moe_router", "moe_align", "moe_grouped_gemm", "moe_combine"];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -128,6 +135,9 @@ macro_rules! conformance_suite {
         $crate::conformance_mla_decode!();
         $crate::conformance_conv1d!();
         $crate::conformance_kda_decode!();
+        $crate::conformance_moe_router!();
+        $crate::conformance_moe_align!();
+        $crate::conformance_moe_gemm!();
     };
 }
 
@@ -152,6 +162,14 @@ all_ops!(
     crate::ops::CausalConv1d,
     crate::ops::KdaDecode,
 );
+pub trait AllOps:
+    crate::ops::LseMerge + crate::ops::MoeRouter + crate::ops::MoeAlign + crate::ops::MoeGroupedGemm + crate::ops::MoeCombine
+{
+}
+impl<T> AllOps for T where
+    T: crate::ops::LseMerge + crate::ops::MoeRouter + crate::ops::MoeAlign + crate::ops::MoeGroupedGemm + crate::ops::MoeCombine
+{
+}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

@@ -14,6 +14,9 @@ mod lse_merge;
 mod mla_cache_write;
 mod mla_prefill;
 mod mla_decode;
+mod moe_align;
+mod moe_gemm;
+mod moe_router;
 pub mod math;
 mod tensor_ops;
 

@@ -109,9 +109,11 @@
 
 mod minifloat;
 mod mx;
+mod mx_tensor;
 
 pub use half::{bf16, f16};
 pub use mx::{Mxfp4Block, Mxfp8Block, MX_BLOCK};
+pub use mx_tensor::*;
 
 use minifloat::{Spec, Specials};
 

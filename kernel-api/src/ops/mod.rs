@@ -19,6 +19,9 @@ pub mod mla_cache_write;
 pub mod mla_prefill;
 pub mod tensor_ops;
 pub mod mla_decode;
+pub mod moe_align;
+pub mod moe_gemm;
+pub mod moe_router;
 
 pub use kv_cache::{Fp8Flavor, KvCacheFormat, KvDims};
 pub use kda_gate::{
@@ -38,6 +41,12 @@ pub use mla_decode::{
     MlaDecode, MlaDecodeArgs, MlaDecodeBatch, MlaDecodeParams, MlaDecodePlan, MlaDecodeVariant, MlaKernel, MlaPagedCache,
     MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedBatch, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaSchedule, MlaSplitPolicy,
 };
+pub use moe_align::{MoeAlign, MoeAlignArgs, MoeAlignParams, MoeAlignPlan, MoeRouting};
+pub use moe_gemm::{
+    MoeActivationQuant, MoeCombine, MoeCombineArgs, MoeCombineParams, MoeCombinePlan, MoeGemmArgs, MoeGemmParams, MoeGemmPlan,
+    MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
+};
+pub use moe_router::{MoeRouter, MoeRouterArgs, MoeRouterParams, MoeRouterPlan, RouterScore};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};

@@ -1,0 +1,165 @@
+use super::{math, read_f32, read_i64, write_f32, CpuBackend, CpuStream, HostBuffer};
+use crate::error::{Error, Result};
+use crate::formats::{mxfp4_dequantize, Mxfp8Block, MX_BLOCK};
+use crate::ops::{
+    check_workspace, MoeActivationQuant, MoeCombine, MoeCombineArgs, MoeCombineParams, MoeCombinePlan, MoeGemmArgs,
+    MoeGemmParams, MoeGemmPlan, MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
+};
+use crate::tensor::TensorRef;
+
+/// Raw bytes of a one-byte-per-element tensor in logical order (E8M0 scales must not be decoded
+/// as values here: the MXFP4 decoder reads the exponent byte).
+fn read_bytes(t: &TensorRef<'_, CpuBackend>, field: &str) -> Result<Vec<u8>> {
+    if t.layout.dtype.size_bytes() != 1 {
+        return Err(Error::invalid(field, format!("dtype {} is not a byte format", t.layout.dtype)));
+    }
+    t.layout
+        .element_offsets()
+        .into_iter()
+        .map(|o| t.buf.0.get(o).copied().ok_or_else(|| Error::invalid(field, "element outside the buffer")))
+        .collect()
+}
+
+/// Every expert's weight as f32 `[E, rows, k]`; MXFP4 decodes exactly (no re-quantisation).
+fn expert_weights(plan: &MoeGemmPlan, args: &MoeGemmArgs<'_, CpuBackend>) -> Result<Vec<f32>> {
+    let p = &plan.params;
+    match p.weights {
+        MoeWeightFormat::Dense => read_f32(&args.weight),
+        MoeWeightFormat::Mxfp4 => {
+            let scale = args.weight_scale.as_ref().ok_or_else(|| Error::invalid("weight_scale", "required for MXFP4 weights"))?;
+            let packed = read_bytes(&args.weight, "weight")?;
+            let scales = read_bytes(scale, "weight_scale")?;
+            mxfp4_dequantize(&packed, &scales, p.routing.experts * plan.weight_rows, p.k)
+        }
+    }
+}
+
+/// Replaces each 32-element group of every row by its MXFP8 round trip.
+fn quantize_mxfp8(values: &mut [f32]) {
+    for chunk in values.chunks_exact_mut(MX_BLOCK) {
+        let mut block = [0f32; MX_BLOCK];
+        block.copy_from_slice(chunk);
+        chunk.copy_from_slice(&Mxfp8Block::quantize(&block).dequantize());
+    }
+}
+
+/// The contract's dot product: sequential over k, exact products, f64 sum, one f32 rounding.
+fn dot(a: &[f32], w: &[f32]) -> f32 {
+    a.iter().zip(w).fold(0f64, |acc, (&x, &y)| acc + x as f64 * y as f64) as f32
+}
+
+/// The (pair, local expert) list served by the align outputs, every value range-checked.
+fn served_pairs(plan: &MoeGemmPlan, args: &MoeGemmArgs<'_, CpuBackend>) -> Result<Vec<(usize, usize)>> {
+    let r = &plan.params.routing;
+    let sorted = read_i64(&args.sorted_token_ids)?;
+    let expert_ids = read_i64(&args.expert_ids)?;
+    let used = read_i64(&args.num_tokens_post_padded)?.first().copied().unwrap_or(-1);
+    let used = usize::try_from(used).ok().filter(|&u| u <= plan.max_padded && u % r.block_m == 0).ok_or_else(|| {
+        Error::invalid("num_tokens_post_padded", format!("{used} is not a multiple of {} in 0..={}", r.block_m, plan.max_padded))
+    })?;
+    let mut seen = vec![false; plan.pairs];
+    let mut served = Vec::new();
+    for (blk, &e) in expert_ids.iter().take(used / r.block_m).enumerate() {
+        if e == -1 {
+            continue;
+        }
+        let e = usize::try_from(e)
+            .ok()
+            .filter(|&e| e < r.experts)
+            .ok_or_else(|| Error::invalid("expert_ids", format!("block {blk} names expert {e}, outside -1..{}", r.experts)))?;
+        for (i, &id) in sorted.iter().enumerate().skip(blk * r.block_m).take(r.block_m) {
+            if id == plan.pairs as i64 {
+                continue; // padding sentinel
+            }
+            let pair = usize::try_from(id).ok().filter(|&q| q < plan.pairs).ok_or_else(|| {
+                Error::invalid("sorted_token_ids", format!("entry {i} is {id}, outside 0..={} (sentinel)", plan.pairs))
+            })?;
+            if std::mem::replace(&mut seen[pair], true) {
+                return Err(Error::invalid("sorted_token_ids", format!("pair {pair} appears twice")));
+            }
+            served.push((pair, e));
+        }
+    }
+    Ok(served)
+}
+
+impl MoeGroupedGemm for CpuBackend {
+    fn supports(&self, _params: &MoeGemmParams) -> Result<()> {
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        plan: &MoeGemmPlan,
+        mut args: MoeGemmArgs<'_, Self>,
+        workspace: Option<&mut HostBuffer>,
+        _stream: &CpuStream,
+    ) -> Result<()> {
+        // Re-derived so that a hand-built plan cannot bypass validation.
+        let plan = &MoeGemmPlan::new(&plan.params)?;
+        plan.check_args(self, &args)?;
+        check_workspace(self, workspace.as_deref(), MoeGroupedGemm::workspace_size(self, plan))?;
+        let p = &plan.params;
+        let (k, n, rows, top_k) = (p.k, p.n, plan.weight_rows, p.routing.top_k);
+        let mut input = read_f32(&args.input)?;
+        if p.activation_quant == Some(MoeActivationQuant::Mxfp8) {
+            quantize_mxfp8(&mut input); // k % 32 == 0 (plan), so groups never straddle rows
+        }
+        let w = expert_weights(plan, &args)?;
+        let served = served_pairs(plan, &args)?;
+        let weight_row = |e: usize, j: usize| &w[(e * rows + j) * k..(e * rows + j + 1) * k];
+        let mut out = vec![0f32; plan.pairs * n];
+        match p.stage {
+            MoeGemmStage::GateUp { beta, linear_beta } => {
+                for &(pair, e) in &served {
+                    let a = &input[(pair / top_k) * k..(pair / top_k + 1) * k];
+                    for j in 0..n {
+                        let (g, u) = (dot(a, weight_row(e, j)), dot(a, weight_row(e, n + j)));
+                        out[pair * n + j] = math::situ(g, u, beta, linear_beta);
+                    }
+                }
+            }
+            MoeGemmStage::Down => {
+                let tw =
+                    args.topk_weights.as_ref().ok_or_else(|| Error::invalid("topk_weights", "required by the down stage"))?;
+                let router_w = read_f32(tw)?;
+                for &(pair, e) in &served {
+                    let a = &input[pair * k..(pair + 1) * k];
+                    for j in 0..n {
+                        out[pair * n + j] = dot(a, weight_row(e, j)) * router_w[pair];
+                    }
+                }
+            }
+        }
+        write_f32(&mut args.out, &out)
+    }
+}
+
+impl MoeCombine for CpuBackend {
+    fn supports(&self, _params: &MoeCombineParams) -> Result<()> {
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        plan: &MoeCombinePlan,
+        mut args: MoeCombineArgs<'_, Self>,
+        workspace: Option<&mut HostBuffer>,
+        _stream: &CpuStream,
+    ) -> Result<()> {
+        let plan = &MoeCombinePlan::new(&plan.params)?;
+        plan.check_args(self, &args)?;
+        check_workspace(self, workspace.as_deref(), MoeCombine::workspace_size(self, plan))?;
+        let p = &plan.params;
+        let y = read_f32(&args.y)?;
+        let mut out = vec![0f32; p.tokens * p.hidden];
+        for (t, row) in out.chunks_exact_mut(p.hidden).enumerate() {
+            for (j, o) in row.iter_mut().enumerate() {
+                // f64 sum of the top-k rows, rounded once (to f32 here, to the output dtype below).
+                let s: f64 = (0..p.top_k).map(|slot| y[(t * p.top_k + slot) * p.hidden + j] as f64).sum();
+                *o = s as f32;
+            }
+        }
+        write_f32(&mut args.out, &out)
+    }
+}
