@@ -65,8 +65,11 @@ pub const ALL_OPS: &[&str] = &[
     "mla_prefill_absorbed",
     "causal_conv1d",
     "kda_decode",
+    "moe_router",
+    "moe_align",
+    "moe_grouped_gemm",
+    "moe_combine",
 ];
-pub const ALL_OPS: &[&str] = &["lse_merge", "moe_router", "moe_align", "moe_grouped_gemm", "moe_combine"];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -161,15 +164,11 @@ all_ops!(
     crate::ops::MlaPrefillAbsorbed,
     crate::ops::CausalConv1d,
     crate::ops::KdaDecode,
+    crate::ops::MoeRouter,
+    crate::ops::MoeAlign,
+    crate::ops::MoeGroupedGemm,
+    crate::ops::MoeCombine,
 );
-pub trait AllOps:
-    crate::ops::LseMerge + crate::ops::MoeRouter + crate::ops::MoeAlign + crate::ops::MoeGroupedGemm + crate::ops::MoeCombine
-{
-}
-impl<T> AllOps for T where
-    T: crate::ops::LseMerge + crate::ops::MoeRouter + crate::ops::MoeAlign + crate::ops::MoeGroupedGemm + crate::ops::MoeCombine
-{
-}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]
