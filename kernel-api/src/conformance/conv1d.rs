@@ -9,10 +9,6 @@ use crate::ops::{CausalConv1d, CausalConv1dArgs, CausalConv1dBatch, CausalConv1d
 use crate::tensor::{decode_f32, encode_f32, Layout};
 use crate::tolerance::{assert_close, Tolerance};
 
-pub const COVERAGE: &[(&str, &[&str])] = &[(
-    "causal_conv1d",
-    &["conv1d_matches_oracle_varlen", "conv1d_two_chunks_equal_one_pass", "conv1d_rejects_bad_input"],
-)];
 
 // ---- strided views -------------------------------------------------------------------------
 
@@ -420,18 +416,3 @@ pub fn conv1d_rejects_bad_input<B: Backend + CausalConv1d>(b: &B) {
     CausalConv1d::run(b, &plan, a, None, b.default_stream()).expect("valid arguments run");
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_conv1d {
-    () => {
-        $crate::__k3_conf_test!(
-            conv1d_matches_oracle_varlen,
-            $crate::conformance::conv1d::conv1d_matches_oracle_varlen
-        );
-        $crate::__k3_conf_test!(
-            conv1d_two_chunks_equal_one_pass,
-            $crate::conformance::conv1d::conv1d_two_chunks_equal_one_pass
-        );
-        $crate::__k3_conf_test!(conv1d_rejects_bad_input, $crate::conformance::conv1d::conv1d_rejects_bad_input);
-    };
-}

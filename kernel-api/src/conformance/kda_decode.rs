@@ -16,20 +16,6 @@ use crate::ops::{
 use crate::tensor::Layout;
 use crate::tolerance::{assert_close, Tolerance};
 
-pub const COVERAGE: &[(&str, &[&str])] = &[
-    (
-        "kda_decode",
-        &[
-            "kda_decode_matches_oracle",
-            "kda_decode_state_layouts_agree",
-            "kda_decode_chain_equals_recurrence",
-            "kda_decode_continues_conv1d_prefill",
-            "kda_decode_null_slot",
-            "kda_decode_rejects_bad_input",
-        ],
-    ),
-    ("causal_conv1d", &["kda_decode_continues_conv1d_prefill"]),
-];
 
 fn sigmoid64(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
@@ -855,27 +841,3 @@ pub fn kda_decode_rejects_bad_input<B: Backend + KdaDecode>(b: &B) {
     run_with!(output_gate: None, norm_weight: None).expect("valid arguments without the norm");
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_kda_decode {
-    () => {
-        $crate::__k3_conf_test!(kda_decode_matches_oracle, $crate::conformance::kda_decode::kda_decode_matches_oracle);
-        $crate::__k3_conf_test!(
-            kda_decode_state_layouts_agree,
-            $crate::conformance::kda_decode::kda_decode_state_layouts_agree
-        );
-        $crate::__k3_conf_test!(
-            kda_decode_chain_equals_recurrence,
-            $crate::conformance::kda_decode::kda_decode_chain_equals_recurrence
-        );
-        $crate::__k3_conf_test!(
-            kda_decode_continues_conv1d_prefill,
-            $crate::conformance::kda_decode::kda_decode_continues_conv1d_prefill
-        );
-        $crate::__k3_conf_test!(kda_decode_null_slot, $crate::conformance::kda_decode::kda_decode_null_slot);
-        $crate::__k3_conf_test!(
-            kda_decode_rejects_bad_input,
-            $crate::conformance::kda_decode::kda_decode_rejects_bad_input
-        );
-    };
-}

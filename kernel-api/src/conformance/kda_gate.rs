@@ -6,8 +6,6 @@ use crate::dtype::DType;
 use crate::ops::{KdaGate, KdaGateArgs, KdaGateMode, KdaGateParams};
 use crate::tolerance::{assert_close, Tolerance};
 
-pub const COVERAGE: &[(&str, &[&str])] =
-    &[("kda_gate", &["kda_gate_worked_values", "kda_gate_formulas", "kda_gate_rejects_bad_input"])];
 
 /// Runs the gate on host values: g_raw `[T, H, K]` in `in_dt`, A_log `[A]`, dt_bias `[H·K]`.
 fn run_gate<B: Backend + KdaGate>(
@@ -130,12 +128,3 @@ pub fn kda_gate_rejects_bad_input<B: Backend + KdaGate>(b: &B) {
     assert_eq!(run(&g, Some(&a), Some(&d), &mut out_bf16).as_deref(), Some("g_out"));
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_kda_gate {
-    () => {
-        $crate::__k3_conf_test!(kda_gate_worked_values, $crate::conformance::kda_gate::kda_gate_worked_values);
-        $crate::__k3_conf_test!(kda_gate_formulas, $crate::conformance::kda_gate::kda_gate_formulas);
-        $crate::__k3_conf_test!(kda_gate_rejects_bad_input, $crate::conformance::kda_gate::kda_gate_rejects_bad_input);
-    };
-}

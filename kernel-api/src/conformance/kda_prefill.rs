@@ -11,19 +11,6 @@ use crate::ops::{
 use crate::tensor::{HostTensor, Layout};
 use crate::tolerance::{assert_close, Tolerance};
 
-pub const COVERAGE: &[(&str, &[&str])] = &[(
-    "kda_prefill",
-    &[
-        "kda_prefill_matches_recurrence",
-        "kda_prefill_split_equals_single_pass",
-        "kda_prefill_checkpoints_bit_exact",
-        "kda_prefill_varlen_state_pool",
-        "kda_prefill_state_layouts_agree",
-        "kda_prefill_chunk_sizes_agree",
-        "kda_prefill_long_chunks_stay_finite",
-        "kda_prefill_rejects_bad_input",
-    ],
-)];
 
 const LB5: KdaGateMode = KdaGateMode::LowerBound { lower_bound: -5.0 };
 
@@ -662,23 +649,3 @@ pub fn kda_prefill_rejects_bad_input<B: Backend + KdaPrefill>(b: &B) {
     assert_eq!(e.field(), Some("state"), "{e}");
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_kda_prefill {
-    () => {
-        $crate::__k3_conf_test!(kda_prefill_matches_recurrence, $crate::conformance::kda_prefill::kda_prefill_matches_recurrence);
-        $crate::__k3_conf_test!(
-            kda_prefill_split_equals_single_pass,
-            $crate::conformance::kda_prefill::kda_prefill_split_equals_single_pass
-        );
-        $crate::__k3_conf_test!(kda_prefill_checkpoints_bit_exact, $crate::conformance::kda_prefill::kda_prefill_checkpoints_bit_exact);
-        $crate::__k3_conf_test!(kda_prefill_varlen_state_pool, $crate::conformance::kda_prefill::kda_prefill_varlen_state_pool);
-        $crate::__k3_conf_test!(kda_prefill_state_layouts_agree, $crate::conformance::kda_prefill::kda_prefill_state_layouts_agree);
-        $crate::__k3_conf_test!(kda_prefill_chunk_sizes_agree, $crate::conformance::kda_prefill::kda_prefill_chunk_sizes_agree);
-        $crate::__k3_conf_test!(
-            kda_prefill_long_chunks_stay_finite,
-            $crate::conformance::kda_prefill::kda_prefill_long_chunks_stay_finite
-        );
-        $crate::__k3_conf_test!(kda_prefill_rejects_bad_input, $crate::conformance::kda_prefill::kda_prefill_rejects_bad_input);
-    };
-}

@@ -6,8 +6,6 @@ use crate::dtype::DType;
 use crate::ops::{LseMerge, LseMergeArgs, LseMergeParams};
 use crate::tolerance::{assert_close, Tolerance};
 
-pub const COVERAGE: &[(&str, &[&str])] =
-    &[("lse_merge", &["lse_merge_equals_unsplit_attention", "lse_merge_empty_parts", "lse_merge_rejects_bad_shapes"])];
 
 /// Attention of one query row over `keys` in f64: (output, natural-log LSE).
 fn naive_attention(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], d: usize, scale: f64) -> (Vec<f64>, f64) {
@@ -136,12 +134,3 @@ pub fn lse_merge_rejects_bad_shapes<B: Backend + LseMerge>(b: &B) {
     assert!(LseMerge::plan(b, &LseMergeParams { parts: 0, ..p.clone() }).is_err());
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_lse_merge {
-    () => {
-        $crate::__k3_conf_test!(lse_merge_equals_unsplit_attention, $crate::conformance::lse_merge::lse_merge_equals_unsplit_attention);
-        $crate::__k3_conf_test!(lse_merge_empty_parts, $crate::conformance::lse_merge::lse_merge_empty_parts);
-        $crate::__k3_conf_test!(lse_merge_rejects_bad_shapes, $crate::conformance::lse_merge::lse_merge_rejects_bad_shapes);
-    };
-}

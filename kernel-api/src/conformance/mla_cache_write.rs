@@ -10,16 +10,6 @@ use crate::ops::{MlaCacheWrite, MlaCacheWriteArgs, MlaCacheWriteBatch, MlaCacheW
 use crate::tensor::{HostTensor, Layout, TensorRef};
 use crate::tolerance::{assert_close, Tolerance};
 
-pub const COVERAGE: &[(&str, &[&str])] = &[(
-    "mla_cache_write",
-    &[
-        "mla_cache_write_bit_exact",
-        "mla_cache_write_k3_tiled_layout",
-        "mla_cache_write_round_trip",
-        "mla_cache_write_flat_scale_covers_rope",
-        "mla_cache_write_rejects_bad_input",
-    ],
-)];
 
 const TINY: KvDims = KvDims { latent: 64, rope: 16 };
 
@@ -359,23 +349,3 @@ pub fn mla_cache_write_rejects_bad_input<B: Backend + MlaCacheWrite>(b: &B) {
     assert_eq!(err(run_with(&kv, &slots, &mut cache_oob)).as_deref(), Some("cache"), "layout past the buffer");
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_mla_cache_write {
-    () => {
-        $crate::__k3_conf_test!(mla_cache_write_bit_exact, $crate::conformance::mla_cache_write::mla_cache_write_bit_exact);
-        $crate::__k3_conf_test!(
-            mla_cache_write_k3_tiled_layout,
-            $crate::conformance::mla_cache_write::mla_cache_write_k3_tiled_layout
-        );
-        $crate::__k3_conf_test!(mla_cache_write_round_trip, $crate::conformance::mla_cache_write::mla_cache_write_round_trip);
-        $crate::__k3_conf_test!(
-            mla_cache_write_flat_scale_covers_rope,
-            $crate::conformance::mla_cache_write::mla_cache_write_flat_scale_covers_rope
-        );
-        $crate::__k3_conf_test!(
-            mla_cache_write_rejects_bad_input,
-            $crate::conformance::mla_cache_write::mla_cache_write_rejects_bad_input
-        );
-    };
-}

@@ -21,19 +21,6 @@ use crate::ops::mla_decode::{
 use crate::tensor::{HostTensor, Layout};
 use crate::tolerance::{assert_close, Tolerance};
 
-pub const COVERAGE: &[(&str, &[&str])] = &[
-    (
-        "mla_decode",
-        &[
-            "mla_decode_absorbed_matches_naive",
-            "mla_decode_every_cache_format",
-            "mla_decode_split_equals_unsplit",
-            "mla_decode_variants_agree",
-            "mla_decode_rejects_bad_input",
-        ],
-    ),
-    ("mla_prefill_absorbed", &["mla_prefill_absorbed_matches_oracle", "mla_prefill_absorbed_rejects_bad_input"]),
-];
 
 const FN: Fp8Flavor = Fp8Flavor::E4M3Fn;
 const FNUZ: Fp8Flavor = Fp8Flavor::E4M3Fnuz;
@@ -466,16 +453,3 @@ pub fn mla_decode_rejects_bad_input<B: Backend + MlaDecode>(b: &B) {
     );
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_mla_decode {
-    () => {
-        $crate::__k3_conf_test!(mla_decode_absorbed_matches_naive, $crate::conformance::mla_decode::mla_decode_absorbed_matches_naive);
-        $crate::__k3_conf_test!(mla_decode_every_cache_format, $crate::conformance::mla_decode::mla_decode_every_cache_format);
-        $crate::__k3_conf_test!(mla_decode_split_equals_unsplit, $crate::conformance::mla_decode::mla_decode_split_equals_unsplit);
-        $crate::__k3_conf_test!(mla_decode_variants_agree, $crate::conformance::mla_decode::mla_decode_variants_agree);
-        $crate::__k3_conf_test!(mla_decode_rejects_bad_input, $crate::conformance::mla_decode::mla_decode_rejects_bad_input);
-        $crate::__k3_conf_test!(mla_prefill_absorbed_matches_oracle, $crate::conformance::mla_decode::mla_prefill_absorbed_matches_oracle);
-        $crate::__k3_conf_test!(mla_prefill_absorbed_rejects_bad_input, $crate::conformance::mla_decode::mla_prefill_absorbed_rejects_bad_input);
-    };
-}

@@ -8,10 +8,6 @@ use crate::ops::{MlaPrefill, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillKv, MlaP
 use crate::tensor::{HostTensor, Layout, TensorRef};
 use crate::tolerance::{assert_close, Tolerance};
 
-pub const COVERAGE: &[(&str, &[&str])] = &[(
-    "mla_prefill",
-    &["mla_prefill_matches_naive", "mla_prefill_chunked_split_identity", "mla_prefill_rejects_bad_input"],
-)];
 
 /// One prefill problem with host values (already rounded through the input dtype).
 struct Problem {
@@ -403,15 +399,3 @@ pub fn mla_prefill_rejects_bad_input<B: Backend + MlaPrefill>(b: &B) {
     assert_eq!(err(MlaPrefill::run(b, &plan, args, None, b.default_stream())).as_deref(), Some("cu_seqlens_k"));
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_mla_prefill {
-    () => {
-        $crate::__k3_conf_test!(mla_prefill_matches_naive, $crate::conformance::mla_prefill::mla_prefill_matches_naive);
-        $crate::__k3_conf_test!(
-            mla_prefill_chunked_split_identity,
-            $crate::conformance::mla_prefill::mla_prefill_chunked_split_identity
-        );
-        $crate::__k3_conf_test!(mla_prefill_rejects_bad_input, $crate::conformance::mla_prefill::mla_prefill_rejects_bad_input);
-    };
-}

@@ -23,6 +23,7 @@ pub mod mla_decode;
 pub mod moe_align;
 pub mod moe_gemm;
 pub mod moe_router;
+pub mod registry;
 pub mod rng;
 pub mod tensor_ops;
 
@@ -35,21 +36,27 @@ use crate::tensor::HostTensor;
 
 /// Every op of the contract and the conformance tests that cover it. The coverage test checks
 /// that no op is left without a test.
-pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
-    let mut v: Vec<(&'static str, &'static [&'static str])> = Vec::new();
-    v.extend_from_slice(lse_merge::COVERAGE);
-    v.extend_from_slice(tensor_ops::COVERAGE);
-    v.extend_from_slice(mla_prefill::COVERAGE);
-    v.extend_from_slice(mla_cache_write::COVERAGE);
-    v.extend_from_slice(kda_gate::COVERAGE);
-    v.extend_from_slice(kda_prefill::COVERAGE);
-    v.extend_from_slice(mla_decode::COVERAGE);
-    v.extend_from_slice(conv1d::COVERAGE);
-    v.extend_from_slice(kda_decode::COVERAGE);
-    v.extend_from_slice(moe_router::COVERAGE);
-    v.extend_from_slice(moe_align::COVERAGE);
-    v.extend_from_slice(moe_gemm::COVERAGE);
-    v
+pub fn coverage() -> Vec<(&'static str, &'static str)> {
+    macro_rules! list {
+        ($($op:ident: $($seg:ident)::+),* $(,)?) => {
+            vec![$((stringify!($op), last_segment(stringify!($($seg)::+)))),*]
+        };
+    }
+    crate::__k3_for_each_test!(list)
+}
+
+fn last_segment(path: &'static str) -> &'static str {
+    path.rsplit("::").next().unwrap_or(path).trim()
+}
+
+/// Every conformance test as `(op, test, fn)`, for runners outside `cargo test` (`k3 doctor`).
+pub fn all_tests<B: AllOps>() -> Vec<(&'static str, &'static str, fn(&B))> {
+    macro_rules! list {
+        ($($op:ident: $($seg:ident)::+),* $(,)?) => {
+            vec![$((stringify!($op), last_segment(stringify!($($seg)::+)), $($seg)::+::<B> as fn(&B))),*]
+        };
+    }
+    crate::__k3_for_each_test!(list)
 }
 
 /// The ops the contract promises (the coverage report lists each).
@@ -77,7 +84,7 @@ pub fn coverage_report(backend_name: &str) {
     println!("conformance coverage for backend `{backend_name}`:");
     let mut missing = Vec::new();
     for op in ALL_OPS {
-        let tests: Vec<&str> = cov.iter().filter(|(o, _)| o == op).flat_map(|(_, t)| t.iter().copied()).collect();
+        let tests: Vec<&str> = cov.iter().filter(|(o, _)| o == op).map(|(_, t)| *t).collect();
         println!("  {op:<24} {:>2} tests  {}", tests.len(), if tests.is_empty() { "NOT COVERED" } else { "covered" });
         if tests.is_empty() {
             missing.push(*op);
@@ -129,18 +136,7 @@ macro_rules! conformance_suite {
             }
         }
 
-        $crate::conformance_lse_merge!();
-        $crate::conformance_tensor_ops!();
-        $crate::conformance_mla_prefill!();
-        $crate::conformance_mla_cache_write!();
-        $crate::conformance_kda_gate!();
-        $crate::conformance_kda_prefill!();
-        $crate::conformance_mla_decode!();
-        $crate::conformance_conv1d!();
-        $crate::conformance_kda_decode!();
-        $crate::conformance_moe_router!();
-        $crate::conformance_moe_align!();
-        $crate::conformance_moe_gemm!();
+        $crate::__k3_for_each_test!($crate::__k3_conf_tests);
     };
 }
 
@@ -170,16 +166,18 @@ all_ops!(
     crate::ops::MoeCombine,
 );
 
-/// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
+/// Defines one `#[test]` per registry entry, running it when the backend is available.
 #[macro_export]
 #[doc(hidden)]
-macro_rules! __k3_conf_test {
-    ($name:ident, $path:path) => {
-        #[test]
-        fn $name() {
-            if let Some(b) = __k3_backend() {
-                $path(&b);
+macro_rules! __k3_conf_tests {
+    ($($op:ident: $module:ident :: $name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                if let Some(b) = __k3_backend() {
+                    $crate::conformance::$module::$name(&b);
+                }
             }
-        }
+        )*
     };
 }

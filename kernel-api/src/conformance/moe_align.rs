@@ -7,8 +7,6 @@ use crate::error::Result;
 use crate::ops::{MoeAlign, MoeAlignArgs, MoeAlignParams, MoeRouting};
 use crate::tensor::HostTensor;
 
-pub const COVERAGE: &[(&str, &[&str])] =
-    &[("moe_align", &["moe_align_matches_naive_sort", "moe_align_expert_map_drops_pairs", "moe_align_rejects_bad_shapes"])];
 
 pub(super) fn upload_i32<B: Backend>(b: &B, shape: &[usize], v: &[i32]) -> DeviceTensor<B> {
     b.upload_tensor(&HostTensor::from_i32(shape, v).expect("i32 tensor")).expect("upload")
@@ -185,15 +183,3 @@ pub fn moe_align_rejects_bad_shapes<B: Backend + MoeAlign>(b: &B) {
     assert_eq!(run(&ids_i32, None, &mut sorted, &mut used, Some(&mut ws)), None, "well-formed call must succeed");
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_moe_align {
-    () => {
-        $crate::__k3_conf_test!(moe_align_matches_naive_sort, $crate::conformance::moe_align::moe_align_matches_naive_sort);
-        $crate::__k3_conf_test!(
-            moe_align_expert_map_drops_pairs,
-            $crate::conformance::moe_align::moe_align_expert_map_drops_pairs
-        );
-        $crate::__k3_conf_test!(moe_align_rejects_bad_shapes, $crate::conformance::moe_align::moe_align_rejects_bad_shapes);
-    };
-}

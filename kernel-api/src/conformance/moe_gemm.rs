@@ -18,19 +18,6 @@ use crate::ops::{
 use crate::tensor::HostTensor;
 use crate::tolerance::{assert_close, compare, Tolerance};
 
-pub const COVERAGE: &[(&str, &[&str])] = &[
-    (
-        "moe_grouped_gemm",
-        &[
-            "moe_gemm_bf16_matches_dense_reference",
-            "moe_gemm_mxfp4_matches_dense_reference",
-            "moe_gemm_mxfp4_equals_bf16_twin",
-            "moe_gemm_mxfp8_activations",
-            "moe_gemm_rejects_bad_shapes",
-        ],
-    ),
-    ("moe_combine", &["moe_combine_matches_f64_sum", "moe_gemm_rejects_bad_shapes"]),
-];
 
 /// SiTU constants of K3 (activation_situ_beta, activation_situ_linear_beta).
 const BETA: f32 = 4.0;
@@ -604,21 +591,3 @@ pub fn moe_gemm_rejects_bad_shapes<B: Backend + MoeAlign + MoeGroupedGemm + MoeC
     assert_eq!(crun(&t(DType::F32, &[6, 8]), DType::BF16, &[3, 8]), None, "well-formed combine must succeed");
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_moe_gemm {
-    () => {
-        $crate::__k3_conf_test!(
-            moe_gemm_bf16_matches_dense_reference,
-            $crate::conformance::moe_gemm::moe_gemm_bf16_matches_dense_reference
-        );
-        $crate::__k3_conf_test!(
-            moe_gemm_mxfp4_matches_dense_reference,
-            $crate::conformance::moe_gemm::moe_gemm_mxfp4_matches_dense_reference
-        );
-        $crate::__k3_conf_test!(moe_gemm_mxfp4_equals_bf16_twin, $crate::conformance::moe_gemm::moe_gemm_mxfp4_equals_bf16_twin);
-        $crate::__k3_conf_test!(moe_gemm_mxfp8_activations, $crate::conformance::moe_gemm::moe_gemm_mxfp8_activations);
-        $crate::__k3_conf_test!(moe_combine_matches_f64_sum, $crate::conformance::moe_gemm::moe_combine_matches_f64_sum);
-        $crate::__k3_conf_test!(moe_gemm_rejects_bad_shapes, $crate::conformance::moe_gemm::moe_gemm_rejects_bad_shapes);
-    };
-}

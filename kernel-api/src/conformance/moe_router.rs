@@ -8,16 +8,6 @@ use crate::error::Result;
 use crate::ops::{MoeRouter, MoeRouterArgs, MoeRouterParams, RouterScore};
 use crate::tolerance::{assert_close, Tolerance};
 
-pub const COVERAGE: &[(&str, &[&str])] = &[(
-    "moe_router",
-    &[
-        "moe_router_matches_oracle",
-        "moe_router_grouped_matches_oracle",
-        "moe_router_bias_selects_only",
-        "moe_router_ties_lowest_index",
-        "moe_router_rejects_bad_input",
-    ],
-)];
 
 /// Host inputs of one routing problem (values already rounded to their stored dtypes).
 #[derive(Clone)]
@@ -317,17 +307,3 @@ pub fn moe_router_rejects_bad_input<B: Backend + MoeRouter>(b: &B) {
     assert_eq!(run(&x, &w, &bias_f32, DType::I32, DType::F32), None, "well-formed call must succeed");
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_moe_router {
-    () => {
-        $crate::__k3_conf_test!(moe_router_matches_oracle, $crate::conformance::moe_router::moe_router_matches_oracle);
-        $crate::__k3_conf_test!(
-            moe_router_grouped_matches_oracle,
-            $crate::conformance::moe_router::moe_router_grouped_matches_oracle
-        );
-        $crate::__k3_conf_test!(moe_router_bias_selects_only, $crate::conformance::moe_router::moe_router_bias_selects_only);
-        $crate::__k3_conf_test!(moe_router_ties_lowest_index, $crate::conformance::moe_router::moe_router_ties_lowest_index);
-        $crate::__k3_conf_test!(moe_router_rejects_bad_input, $crate::conformance::moe_router::moe_router_rejects_bad_input);
-    };
-}

@@ -6,10 +6,6 @@ use crate::dtype::DType;
 use crate::ops::tensor_ops::{AddAssign, AddAssignArgs, CopyCast, CopyCastArgs, ElementwiseParams};
 use crate::tensor::Layout;
 
-pub const COVERAGE: &[(&str, &[&str])] = &[
-    ("copy_cast", &["copy_cast_strided_view_exact", "copy_cast_rejects_mismatch"]),
-    ("add_assign", &["add_assign_exact"]),
-];
 
 /// A strided view (the k slice of a fused [T, 3, H, D] projection) copied contiguous and cast:
 /// bit-exact against rounding the selected values once.
@@ -61,12 +57,3 @@ pub fn add_assign_exact<B: Backend + AddAssign>(b: &B) {
     }
 }
 
-#[macro_export]
-#[doc(hidden)]
-macro_rules! conformance_tensor_ops {
-    () => {
-        $crate::__k3_conf_test!(copy_cast_strided_view_exact, $crate::conformance::tensor_ops::copy_cast_strided_view_exact);
-        $crate::__k3_conf_test!(copy_cast_rejects_mismatch, $crate::conformance::tensor_ops::copy_cast_rejects_mismatch);
-        $crate::__k3_conf_test!(add_assign_exact, $crate::conformance::tensor_ops::add_assign_exact);
-    };
-}
