@@ -12,7 +12,11 @@
 //! test (naive f64 definitions, worked values from the spec), and on non-CPU backends also with
 //! the CPU reference. Tolerances come from [`crate::tolerance`].
 
+pub mod attn_res;
+pub mod elementwise;
+pub mod gemm;
 pub mod lse_merge;
+pub mod norm;
 pub mod rng;
 
 pub use rng::TestRng;
@@ -27,11 +31,25 @@ use crate::tensor::HostTensor;
 pub fn coverage() -> Vec<(&'static str, &'static [&'static str])> {
     let mut v: Vec<(&'static str, &'static [&'static str])> = Vec::new();
     v.extend_from_slice(lse_merge::COVERAGE);
+    v.extend_from_slice(gemm::COVERAGE);
+    v.extend_from_slice(norm::COVERAGE);
+    v.extend_from_slice(attn_res::COVERAGE);
+    v.extend_from_slice(elementwise::COVERAGE);
     v
 }
 
 /// The ops the contract promises (the coverage report lists each).
-pub const ALL_OPS: &[&str] = &["lse_merge"];
+pub const ALL_OPS: &[&str] = &[
+    "lse_merge",
+    "gemm",
+    "rms_norm",
+    "gated_rms_norm",
+    "l2_norm",
+    "attn_res_mix",
+    "situ_glu",
+    "sigmoid_gate",
+    "embedding_gather",
+];
 
 /// Prints the coverage table and fails if an op has no test.
 pub fn coverage_report(backend_name: &str) {
@@ -92,12 +110,38 @@ macro_rules! conformance_suite {
         }
 
         $crate::conformance_lse_merge!();
+        $crate::conformance_gemm!();
+        $crate::conformance_norm!();
+        $crate::conformance_attn_res!();
+        $crate::conformance_elementwise!();
     };
 }
 
 /// The op traits a backend must implement to run the whole suite.
-pub trait AllOps: crate::ops::LseMerge {}
-impl<T: crate::ops::LseMerge> AllOps for T {}
+pub trait AllOps:
+    crate::ops::LseMerge
+    + crate::ops::Gemm
+    + crate::ops::RmsNorm
+    + crate::ops::GatedRmsNorm
+    + crate::ops::L2Norm
+    + crate::ops::AttnResMix
+    + crate::ops::SituGlu
+    + crate::ops::SigmoidGate
+    + crate::ops::EmbeddingGather
+{
+}
+impl<T> AllOps for T where
+    T: crate::ops::LseMerge
+        + crate::ops::Gemm
+        + crate::ops::RmsNorm
+        + crate::ops::GatedRmsNorm
+        + crate::ops::L2Norm
+        + crate::ops::AttnResMix
+        + crate::ops::SituGlu
+        + crate::ops::SigmoidGate
+        + crate::ops::EmbeddingGather
+{
+}
 
 /// Defines one `#[test]` that runs `$path(&backend)` when the backend is available.
 #[macro_export]

@@ -5,8 +5,12 @@
 //! threads with rayon where test time needs it. Every `run` re-validates its arguments and the
 //! index values it reads, so bad input is an error here too, never a panic or a stray access.
 
+mod attn_res;
+mod elementwise;
+mod gemm;
 mod io;
 mod lse_merge;
+mod norm;
 pub mod math;
 
 pub use io::{read_f32, read_i64, write_f32};

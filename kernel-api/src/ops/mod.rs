@@ -9,11 +9,25 @@
 //!   `run` calls can be captured into a CUDA/HIP graph;
 //! - workspaces are caller-owned buffers of at least `workspace_size(&plan)` bytes.
 
+pub mod attn_res;
+pub mod elementwise;
+pub mod gemm;
 pub mod kv_cache;
 pub mod lse_merge;
+pub mod norm;
 
 pub use kv_cache::{KvCacheFormat, KvDims, Fp8Flavor};
 pub use lse_merge::{LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
+pub use attn_res::{attn_res_score_vector, AttnResMix, AttnResMixArgs, AttnResMixParams, AttnResMixPlan};
+pub use elementwise::{
+    EmbeddingGather, EmbeddingGatherArgs, EmbeddingGatherParams, EmbeddingGatherPlan, SigmoidGate, SigmoidGateArgs,
+    SigmoidGateParams, SigmoidGatePlan, SituGlu, SituGluArgs, SituGluInput, SituGluParams, SituGluPlan,
+};
+pub use gemm::{Gemm, GemmArgs, GemmParams, GemmPlan};
+pub use norm::{
+    GatedRmsNorm, GatedRmsNormArgs, GatedRmsNormParams, GatedRmsNormPlan, L2Norm, L2NormArgs, L2NormParams, L2NormPlan,
+    RmsNorm, RmsNormArgs, RmsNormParams, RmsNormPlan, RmsWeightOrder,
+};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
