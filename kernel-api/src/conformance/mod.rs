@@ -12,17 +12,21 @@
 //! test (naive f64 definitions, worked values from the spec), and on non-CPU backends also with
 //! the CPU reference. Tolerances come from [`crate::tolerance`].
 
+pub mod attn_res;
+pub mod conv1d;
+pub mod elementwise;
+pub mod gemm;
+pub mod kda_decode;
 pub mod kda_gate;
 pub mod kda_prefill;
-pub mod conv1d;
-pub mod kda_decode;
 pub mod lse_merge;
 pub mod mla_cache_write;
-pub mod mla_prefill;
 pub mod mla_decode;
+pub mod mla_prefill;
 pub mod moe_align;
 pub mod moe_gemm;
 pub mod moe_router;
+pub mod norm;
 pub mod registry;
 pub mod rng;
 pub mod tensor_ops;
@@ -76,6 +80,14 @@ pub const ALL_OPS: &[&str] = &[
     "moe_align",
     "moe_grouped_gemm",
     "moe_combine",
+    "gemm",
+    "rms_norm",
+    "gated_rms_norm",
+    "l2_norm",
+    "attn_res_mix",
+    "situ_glu",
+    "sigmoid_gate",
+    "embedding_gather",
 ];
 
 /// Prints the coverage table and fails if an op has no test.
@@ -164,6 +176,14 @@ all_ops!(
     crate::ops::MoeAlign,
     crate::ops::MoeGroupedGemm,
     crate::ops::MoeCombine,
+    crate::ops::Gemm,
+    crate::ops::RmsNorm,
+    crate::ops::GatedRmsNorm,
+    crate::ops::L2Norm,
+    crate::ops::AttnResMix,
+    crate::ops::SituGlu,
+    crate::ops::SigmoidGate,
+    crate::ops::EmbeddingGather,
 );
 
 /// Defines one `#[test]` per registry entry, running it when the backend is available.

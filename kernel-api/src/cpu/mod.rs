@@ -5,20 +5,24 @@
 //! threads with rayon where test time needs it. Every `run` re-validates its arguments and the
 //! index values it reads, so bad input is an error here too, never a panic or a stray access.
 
+mod attn_res;
 mod conv1d;
+mod elementwise;
+mod gemm;
 mod io;
+mod kda_decode;
 mod kda_gate;
 mod kda_prefill;
-mod kda_decode;
 mod lse_merge;
 mod mla_cache_write;
-mod mla_prefill;
 mod mla_decode;
+mod mla_prefill;
 mod moe_align;
 mod moe_gemm;
 mod moe_router;
-pub mod math;
+mod norm;
 mod tensor_ops;
+pub mod math;
 
 pub use io::{read_f32, read_i64, write_f32};
 

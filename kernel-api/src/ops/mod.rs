@@ -9,19 +9,23 @@
 //!   `run` calls can be captured into a CUDA/HIP graph;
 //! - workspaces are caller-owned buffers of at least `workspace_size(&plan)` bytes.
 
+pub mod attn_res;
+pub mod conv1d;
+pub mod elementwise;
+pub mod gemm;
+pub mod kda_decode;
 pub mod kda_gate;
 pub mod kda_prefill;
-pub mod conv1d;
-pub mod kda_decode;
 pub mod kv_cache;
 pub mod lse_merge;
 pub mod mla_cache_write;
-pub mod mla_prefill;
-pub mod tensor_ops;
 pub mod mla_decode;
+pub mod mla_prefill;
 pub mod moe_align;
 pub mod moe_gemm;
 pub mod moe_router;
+pub mod norm;
+pub mod tensor_ops;
 
 pub use kv_cache::{Fp8Flavor, KvCacheFormat, KvDims};
 pub use kda_gate::{
@@ -47,6 +51,16 @@ pub use moe_gemm::{
     MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
 };
 pub use moe_router::{MoeRouter, MoeRouterArgs, MoeRouterParams, MoeRouterPlan, RouterScore};
+pub use attn_res::{attn_res_score_vector, AttnResMix, AttnResMixArgs, AttnResMixParams, AttnResMixPlan};
+pub use elementwise::{
+    EmbeddingGather, EmbeddingGatherArgs, EmbeddingGatherParams, EmbeddingGatherPlan, SigmoidGate, SigmoidGateArgs,
+    SigmoidGateParams, SigmoidGatePlan, SituGlu, SituGluArgs, SituGluInput, SituGluParams, SituGluPlan,
+};
+pub use gemm::{Gemm, GemmArgs, GemmParams, GemmPlan};
+pub use norm::{
+    GatedRmsNorm, GatedRmsNormArgs, GatedRmsNormParams, GatedRmsNormPlan, L2Norm, L2NormArgs, L2NormParams, L2NormPlan,
+    RmsNorm, RmsNormArgs, RmsNormParams, RmsNormPlan, RmsWeightOrder,
+};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
