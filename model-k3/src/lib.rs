@@ -9,9 +9,13 @@
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
+pub mod doctor;
+pub mod exec;
 pub mod error;
 pub mod inspect;
 pub mod inventory;
+pub mod model;
+pub mod runner;
 pub mod tiny;
 pub mod weights;
 

@@ -1,10 +1,17 @@
 //! The `k3` command line.
 
 use clap::{Parser, Subcommand};
+use kernel_api::cpu::CpuBackend;
+use kernel_api::ops::KvCacheFormat;
+use model_k3::doctor;
+use model_k3::exec::ModelBackend;
 use model_k3::inspect::inspect_dir;
+use model_k3::model::ModelOptions;
+use model_k3::runner::{load_model, write_npy};
 use model_k3::tiny::write_tiny_checkpoint;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
 #[derive(Parser)]
 #[command(name = "k3", version, about = "Kimi K3 on the k3-kernels contract")]
@@ -13,12 +20,57 @@ struct Cli {
     cmd: Cmd,
 }
 
+#[derive(clap::Args, Clone)]
+struct BackendArg {
+    /// Backend to run on (`cpu`); defaults to $K3_BACKEND, else `cpu`.
+    #[arg(long)]
+    backend: Option<String>,
+}
+
+impl BackendArg {
+    fn name(&self) -> String {
+        self.backend.clone().or_else(|| std::env::var("K3_BACKEND").ok()).unwrap_or_else(|| "cpu".into())
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
-    /// Check a checkpoint against its config from headers alone; exits non-zero on any deviation.
-    Inspect {
-        dir: PathBuf,
+    /// The main job: make the tiny checkpoint if missing, load it, generate, report speed and parity.
+    Demo {
+        /// Where the tiny checkpoint lives (created when missing).
+        #[arg(long, default_value = "tiny-k3")]
+        model: PathBuf,
+        #[arg(long, default_value_t = 16)]
+        max_new_tokens: usize,
+        #[command(flatten)]
+        backend: BackendArg,
     },
+    /// Run a prompt of token ids through a checkpoint and generate greedily.
+    Run {
+        #[arg(long)]
+        model: PathBuf,
+        /// Comma-separated token ids, e.g. 1,2,3.
+        #[arg(long, value_delimiter = ',', required = true)]
+        prompt_ids: Vec<u32>,
+        #[arg(long, default_value_t = 8)]
+        max_new_tokens: usize,
+        /// bf16, fp8-e4m3fn, fp8-e4m3fnuz, fp8-tiled-e4m3fn, fp8-tiled-e4m3fnuz.
+        #[arg(long, default_value = "bf16")]
+        kv_cache_dtype: String,
+        /// Per-tensor scale of a flat fp8 cache.
+        #[arg(long, default_value_t = 0.05)]
+        kv_scale: f32,
+        /// Prefill chunk size in tokens.
+        #[arg(long, default_value_t = 256)]
+        chunk: usize,
+        /// Write the logits of every fed position as a [positions, vocab] f32 .npy file.
+        #[arg(long)]
+        logits_out: Option<PathBuf>,
+        #[command(flatten)]
+        backend: BackendArg,
+    },
+    /// Check a checkpoint against its config from headers alone; exits non-zero on any deviation.
+    Inspect { dir: PathBuf },
     /// Write the tiny test checkpoint (HF layout, MXFP4 experts, deterministic for a seed).
     TinyCheckpoint {
         out: PathBuf,
@@ -28,6 +80,18 @@ enum Cmd {
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
+    /// Environment fingerprint and staged checks; names the first failing stage.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        backend: BackendArg,
+    },
+}
+
+fn fail(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::from(2)
 }
 
 fn main() -> ExitCode {
@@ -42,20 +106,145 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(2)
-            }
+            Err(e) => fail(e),
         },
         Cmd::TinyCheckpoint { out, bf16_twin, seed } => match write_tiny_checkpoint(&out, seed, bf16_twin) {
             Ok(n) => {
                 println!("wrote {n} tensors to {}", out.display());
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(2)
-            }
+            Err(e) => fail(e),
         },
+        Cmd::Demo { model, max_new_tokens, backend } => match backend.name().as_str() {
+            "cpu" => demo(&model, max_new_tokens, CpuBackend::new()),
+            other => fail(format!("backend `{other}` is not available in this build (available: cpu)")),
+        },
+        Cmd::Run { model, prompt_ids, max_new_tokens, kv_cache_dtype, kv_scale, chunk, logits_out, backend } => {
+            let fmt = match KvCacheFormat::parse(&kv_cache_dtype) {
+                Ok(f) => f,
+                Err(e) => return fail(e),
+            };
+            let opts = ModelOptions { kv_format: fmt, kv_scale, ..run_options(prompt_ids.len() + max_new_tokens) };
+            match backend.name().as_str() {
+                "cpu" => run(&model, &prompt_ids, max_new_tokens, chunk, opts, logits_out.as_deref(), CpuBackend::new()),
+                other => fail(format!("backend `{other}` is not available in this build (available: cpu)")),
+            }
+        }
+        Cmd::Doctor { json, backend } => {
+            let report = doctor::run_doctor(&backend.name());
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{report}");
+            }
+            if report.ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+/// Cache sized for one sequence of `tokens` tokens.
+fn run_options(tokens: usize) -> ModelOptions {
+    let page_size = 64;
+    ModelOptions { page_size, num_pages: tokens.div_ceil(page_size) + 1, max_seqs: 1, ..Default::default() }
+}
+
+fn progress_printer() -> impl FnMut(u64, u64) {
+    let start = Instant::now();
+    let mut last = 0u64;
+    move |done, total| {
+        // A progress line only for loads that take more than a moment.
+        if start.elapsed().as_millis() > 500 && (done == total || done - last > total / 20) {
+            eprint!("\r  loading weights: {:>5.1}% of {:.1} MB", 100.0 * done as f64 / total.max(1) as f64, total as f64 / 1e6);
+            last = done;
+            if done == total {
+                eprintln!();
+            }
+        }
+    }
+}
+
+fn run<B: ModelBackend>(dir: &Path, prompt: &[u32], max_new: usize, chunk: usize, opts: ModelOptions, logits_out: Option<&Path>, backend: B) -> ExitCode {
+    let mut m = match load_model(dir, backend, opts, &mut progress_printer()) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let t = Instant::now();
+    let g = match m.generate(0, prompt, max_new, chunk) {
+        Ok(g) => g,
+        Err(e) => return fail(e),
+    };
+    let secs = t.elapsed().as_secs_f64();
+    println!("tokens: {}", g.tokens.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
+    println!("{} positions in {:.3} s ({:.1} tokens/s)", g.rows(), secs, g.rows() as f64 / secs.max(1e-9));
+    if let Some(p) = logits_out {
+        if let Err(e) = write_npy(p, g.rows(), g.vocab, &g.logits) {
+            return fail(e);
+        }
+        println!("logits [{}, {}] f32 written to {}", g.rows(), g.vocab, p.display());
+    }
+    ExitCode::SUCCESS
+}
+
+fn demo<B: ModelBackend>(dir: &Path, max_new: usize, backend: B) -> ExitCode {
+    let backend_name = backend.name().to_string();
+    let t0 = Instant::now();
+    println!("[1/5] checkpoint: {}", dir.display());
+    if !dir.join("config.json").exists() {
+        match write_tiny_checkpoint(dir, 7, false) {
+            Ok(n) => println!("      wrote the tiny K3 checkpoint ({n} tensors, MXFP4 experts)"),
+            Err(e) => return fail(e),
+        }
+    }
+    match inspect_dir(dir) {
+        Ok(r) if r.ok() => println!("      inspect: OK ({} tensors, {:.1}% quantised bytes)", r.tensors, 100.0 * r.quantized_fraction),
+        Ok(r) => return fail(format!("checkpoint deviates from its config:\n{r}")),
+        Err(e) => return fail(e),
+    }
+    let prompt: Vec<u32> = vec![1, 17, 42, 99, 256, 311, 7, 404, 12, 65, 130, 261];
+    let opts = ModelOptions { num_pages: 8, max_seqs: 2, ..Default::default() };
+    println!("[2/5] load on backend `{backend_name}`");
+    let t = Instant::now();
+    let mut m = match load_model(dir, backend, opts.clone(), &mut progress_printer()) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    println!("      {} layers ({} KDA, {} MLA) loaded in {:.2} s", m.cfg.num_layers, m.cfg.kda_layers().count(), m.cfg.mla_layers().count(), t.elapsed().as_secs_f64());
+    println!("[3/5] prefill {} tokens + generate {max_new}", prompt.len());
+    let t = Instant::now();
+    let g = match m.generate(0, &prompt, max_new, 64) {
+        Ok(g) => g,
+        Err(e) => return fail(e),
+    };
+    let secs = t.elapsed().as_secs_f64();
+    println!("[4/5] tokens: {}", g.tokens.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" "));
+    println!("      {} positions in {:.3} s: {:.1} tokens/s", g.rows(), secs, g.rows() as f64 / secs.max(1e-9));
+    // Parity: the same tokens fed one at a time through the decode ops, on the CPU reference.
+    println!("[5/5] parity against the CPU reference (token-by-token decode path)");
+    let mut reference = match load_model(dir, CpuBackend::new(), opts, &mut |_, _| {}) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let r = match reference.generate(0, &prompt, max_new, 1) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let c = kernel_api::tolerance::compare(&g.logits, &r.logits);
+    let ok = r.tokens == g.tokens && c.rel_rmse <= kernel_api::Tolerance::F32_ALGO.rel_rmse;
+    println!(
+        "      parity: tokens {}, logits rel RMSE {:.2e} (limit {:.0e}) -> {}",
+        if r.tokens == g.tokens { "equal" } else { "DIFFER" },
+        c.rel_rmse,
+        kernel_api::Tolerance::F32_ALGO.rel_rmse,
+        if ok { "OK" } else { "FAILED" }
+    );
+    println!("done in {:.2} s", t0.elapsed().as_secs_f64());
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }
