@@ -1,0 +1,89 @@
+// k3 kernel dialect: one vocabulary for CUDA (nvcc / NVRTC), HIP (clang -x hip, also with
+// -nogpuinc) and the host SIMT emulator (K3_SIMT with K3_WARP_SIZE 32 or 64).
+//
+// Kernels include this header (and their own .cuh helpers) and nothing else, so that NVRTC,
+// hipRTC and the emulator can all compile them. What it provides, all in namespace k3:
+//   qualifiers     K3_KERNEL (an exported kernel), K3_DEVICE (a device helper), K3_RESTRICT,
+//                  K3_EXPORT(kernel) after each kernel (registers it with the emulator)
+//   indices        thread_idx_x/y/z(), block_idx_*(), block_dim_*(), grid_dim_*(), lane_id(),
+//                  warp_id() (functions, never macros named threadIdx)
+//   shared memory  K3_SHARED(T, name, dims) static shared; dynamic_shared<T>() (launch bytes)
+//   barrier        sync_threads()
+//   warps          kWarpSize (compile time: 32 on CUDA, 64 on HIP gfx9, K3_WARP_SIZE in SIMT),
+//                  lane_mask_t, kFullMask, shfl/shfl_up/shfl_down/shfl_xor (width), their
+//                  _sync forms with a mask, ballot(_sync), any/all, popc, sync_warp,
+//                  warp_reduce_sum/max (k3/warp.h)
+//   atomics        atomic_add (int, unsigned, float), atomic_max (int), thread_fence()
+//   conversions    bf16 <-> f32 (bit-identical to Rust half::bf16), fp8 e4m3fn / e4m3fnuz / e5m2
+//                  encode (round to nearest even, saturating) and decode (k3/convert.h)
+//   matrix tiles   k3::mma fragments for bf16 MMA with f32 accumulate (k3/mma.h)
+//   trap()         device-side assertion failure
+//
+// Rules for kernel sources (so that the emulator can compile each file at both warp sizes into
+// its own namespace): include only k3/ headers and local .cuh files, never open namespace k3,
+// mark every launchable kernel K3_KERNEL and list it with K3_EXPORT(name), use kWarpSize (never
+// a literal 32 or 64) and k3::lane_mask_t for masks.
+#ifndef K3_COMPAT_H
+#define K3_COMPAT_H
+
+#include "k3/detail/qualifiers.h"
+
+#if K3_TARGET_CUDA
+#ifndef K3_WARP_SIZE
+#define K3_WARP_SIZE 32
+#endif
+#elif K3_TARGET_HIP
+#ifndef K3_WARP_SIZE
+#define K3_WARP_SIZE 64  // gfx9 (CDNA) wavefronts; wave32 targets must define K3_WARP_SIZE=32
+#endif
+#elif !defined(K3_WARP_SIZE)
+#error "SIMT build: define K3_WARP_SIZE (32 or 64)"
+#endif
+
+// Everything warp-size dependent lives in an inline namespace named after the warp size, so the
+// emulator can link kernels compiled at warp 32 and at warp 64 into one binary without two
+// different definitions of one inline function.
+#define K3_ABI_NS K3_CAT(w, K3_WARP_SIZE)
+#define K3_BEGIN        \
+  namespace k3 {        \
+  inline namespace K3_ABI_NS {
+#define K3_END \
+  }            \
+  }
+
+#if defined(__CUDACC_RTC__)
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long uint64_t;
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long int64_t;
+#elif !K3_TARGET_SIMT
+#include <stdint.h>
+#endif
+
+// Call-site parameters: in the emulator, collectives and barriers record where they were called
+// from (for error messages); on GPUs they take no such parameters.
+#if K3_TARGET_SIMT
+#define K3_SITE_PARAMS , const char *file = __builtin_FILE(), int line = __builtin_LINE()
+#define K3_SITE_ARGS , file, line
+#else
+#define K3_SITE_PARAMS
+#define K3_SITE_ARGS
+#endif
+
+#if K3_TARGET_CUDA
+#include "k3/detail/target_cuda.h"
+#elif K3_TARGET_HIP
+#include "k3/detail/target_hip.h"
+#else
+#include "k3/detail/target_simt.h"
+#endif
+
+#include "k3/convert.h"
+#include "k3/mma.h"
+#include "k3/warp.h"
+
+#endif  // K3_COMPAT_H

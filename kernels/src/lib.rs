@@ -1,0 +1,20 @@
+//! # k3-kernels: the GPU kernels and the runtime contract they are launched through
+//!
+//! - `csrc/` holds every GPU kernel, written once in the dialect of `csrc/k3/compat.h`, which
+//!   compiles three ways: CUDA (nvcc / NVRTC), HIP (clang `-x hip`) and host C++ for the SIMT
+//!   emulator (`K3_SIMT`, with `K3_WARP_SIZE` 32 or 64). `csrc/tests/` are the dialect's own
+//!   test kernels.
+//! - [`runtime`]: the [`Runtime`] trait every GPU-ish backend implements (memory, copies,
+//!   modules, launches by kernel name with cuLaunchKernel-style parameters, streams, events).
+//!   Op launchers are written once against it and shared by CUDA, ROCm and SIMT.
+//!
+//! This crate depends on no toolkit: backends compile or load the sources themselves.
+
+pub mod runtime;
+
+pub use runtime::{
+    check_range, DevicePtr, Dim3, ImageFormat, KernelArg, KernelArgs, LaunchConfig, ModuleImage, Runtime,
+};
+
+/// Absolute path of the kernel sources (`csrc/`), for backends' build scripts and JIT paths.
+pub const CSRC_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/csrc");
