@@ -18,7 +18,7 @@ mod backend;
 mod ffi;
 mod runtime;
 
-pub use backend::SimtBackend;
+pub use backend::{simt_backend, simt_backend_from, SimtBackend};
 pub use runtime::{
     asan_enabled, context_backend, kernels, mma_layout, worker_count, KernelInfo, MmaOperand, MmaShape, SimtBuffer,
     SimtEvent, SimtKernel, SimtModule, SimtRuntime, SimtStream, MAX_SHARED_LIMIT,

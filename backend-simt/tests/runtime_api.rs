@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use k3_backend_simt::{SimtBackend, SimtRuntime};
+use k3_backend_simt::SimtRuntime;
 use k3_kernels::{KernelArgs, LaunchConfig, ModuleImage, Runtime};
 use kernel_api::{Backend, BackendExt, BackendKind, DType, HostTensor};
 
@@ -63,7 +63,7 @@ fn streams_events_and_modules() {
 #[test]
 fn backend_round_trips_tensors_and_launches_on_its_buffers() {
     for warp in WARPS {
-        let b = SimtBackend::new(warp).unwrap();
+        let b = k3_backend_simt::simt_backend(warp).unwrap();
         assert_eq!(b.name(), if warp == 32 { "simt32" } else { "simt64" });
         assert_eq!(b.device_info().warp_size, warp);
         let t = HostTensor::from_f32(DType::F32, &[4, 32], &(0..128).map(|i| i as f32).collect::<Vec<_>>()).unwrap();

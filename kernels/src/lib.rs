@@ -10,8 +10,11 @@
 //!
 //! This crate depends on no toolkit: backends compile or load the sources themselves.
 
+pub mod gpu_backend;
+mod ops;
 pub mod runtime;
 
+pub use gpu_backend::{dtype_code, GpuBackend};
 pub use runtime::{
     check_range, DevicePtr, Dim3, ImageFormat, KernelArg, KernelArgs, LaunchConfig, ModuleImage, Runtime,
 };

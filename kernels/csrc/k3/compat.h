@@ -85,5 +85,7 @@ typedef long int64_t;
 #include "k3/convert.h"
 #include "k3/mma.h"
 #include "k3/warp.h"
+#include "k3/math.h"
+#include "k3/tensor.h"
 
 #endif  // K3_COMPAT_H

@@ -1,0 +1,138 @@
+//! [`GpuBackend`]: `kernel_api::Backend` and every op trait, over any [`Runtime`]. This is where
+//! "what to launch, with which grid and arguments" is written once; CUDA, ROCm and the SIMT
+//! emulator only supply the runtime (memory, modules, launches).
+
+use crate::runtime::{DevicePtr, KernelArg, KernelArgs, LaunchConfig, ModuleImage, Runtime};
+use kernel_api::{Backend, DType, DeviceInfo, Error, Layout, Result};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// The contract's backend over a kernel runtime.
+pub struct GpuBackend<R: Runtime> {
+    rt: R,
+    module: R::Module,
+    name: String,
+    kernels: Mutex<HashMap<String, R::Kernel>>,
+}
+
+impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuBackend").field("name", &self.name).field("device", self.rt.device_info()).finish()
+    }
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// Loads the op kernels from `image` (a fatbin, code object or the emulator's host-linked
+    /// module) and names the backend (`cuda`, `rocm`, `simt32`, ...).
+    pub fn new(rt: R, image: &ModuleImage<'_>, name: impl Into<String>) -> Result<Self> {
+        let module = rt.load_module(image)?;
+        Ok(GpuBackend { rt, module, name: name.into(), kernels: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn runtime(&self) -> &R {
+        &self.rt
+    }
+
+    /// Device address of element 0 of `layout` inside `buf`.
+    pub fn ptr(&self, buf: &R::Buffer, layout: &Layout) -> DevicePtr {
+        self.rt.device_ptr(buf).offset((layout.offset * layout.dtype.size_bytes()) as u64)
+    }
+
+    /// Launches kernel `name` (looked up once, then cached).
+    pub fn launch(&self, name: &str, cfg: LaunchConfig, args: &mut KernelArgs, stream: &R::Stream) -> Result<()> {
+        let kernel = {
+            let mut cache = self.kernels.lock().map_err(|_| Error::Driver { call: "kernel cache".into(), why: "poisoned".into() })?;
+            match cache.get(name) {
+                Some(k) => k.clone(),
+                None => {
+                    let k = self.rt.kernel(&self.module, name)?;
+                    cache.insert(name.to_string(), k.clone());
+                    k
+                }
+            }
+        };
+        let params = args.params();
+        // SAFETY: launchers pass, in order, exactly the parameters the kernel declares (one
+        // KernelArgs push per kernel parameter), and every pointer comes from a layout that the
+        // op's plan checked against its buffer.
+        unsafe { self.rt.launch(&kernel, &cfg, &params, stream) }
+    }
+}
+
+/// The dtype code kernels receive (`k3/tensor.h` `DtypeCode`).
+pub fn dtype_code(d: DType) -> i32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::F8E4M3Fn => 3,
+        DType::F8E4M3Fnuz => 4,
+        DType::F8E5M2 => 5,
+        DType::E8M0 => 6,
+        DType::U8 | DType::F4E2M1x2 => 7,
+        DType::I32 => 8,
+        DType::I64 => 9,
+        _ => -1,
+    }
+}
+
+/// Converts a size to a kernel's `int` argument, or names the field that is too large.
+pub fn to_i32(field: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::unsupported(field, format!("{v} exceeds the kernels' 32-bit range")))
+}
+
+/// Strides as `i64` kernel arguments.
+pub fn push_strides(args: &mut KernelArgs, layout: &Layout) {
+    for &s in &layout.strides {
+        args.push(s as i64);
+    }
+}
+
+/// Pushes any kernel argument; a helper so launchers read as one list.
+pub fn arg<T: KernelArg>(args: &mut KernelArgs, v: T) {
+    args.push(v);
+}
+
+/// Grid size for `n` items at `per_block` items per block, capped for grid-stride loops.
+pub fn blocks_for(n: usize, per_block: usize) -> u32 {
+    n.div_ceil(per_block.max(1)).clamp(1, 65_535) as u32
+}
+
+impl<R: Runtime> Backend for GpuBackend<R> {
+    type Buffer = R::Buffer;
+    type Stream = R::Stream;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn device_info(&self) -> &DeviceInfo {
+        self.rt.device_info()
+    }
+    fn default_stream(&self) -> &R::Stream {
+        self.rt.default_stream()
+    }
+    fn alloc_zeroed(&self, bytes: usize) -> Result<R::Buffer> {
+        let mut b = self.rt.alloc(bytes)?;
+        self.rt.memset(&mut b, 0, self.rt.default_stream())?;
+        Ok(b)
+    }
+    fn upload(&self, bytes: &[u8]) -> Result<R::Buffer> {
+        let mut b = self.rt.alloc(bytes.len())?;
+        self.rt.copy_h2d(bytes, &mut b, 0, self.rt.default_stream())?;
+        Ok(b)
+    }
+    fn download(&self, buf: &R::Buffer, out: &mut [u8]) -> Result<()> {
+        if out.len() != self.rt.buffer_len(buf) {
+            return Err(Error::invalid("out", format!("{} bytes for a {}-byte buffer", out.len(), self.rt.buffer_len(buf))));
+        }
+        self.rt.synchronize()?;
+        self.rt.copy_d2h(buf, 0, out, self.rt.default_stream())?;
+        self.rt.synchronize_stream(self.rt.default_stream())
+    }
+    fn buffer_len(&self, buf: &R::Buffer) -> usize {
+        self.rt.buffer_len(buf)
+    }
+    fn synchronize(&self, stream: &R::Stream) -> Result<()> {
+        self.rt.synchronize_stream(stream)
+    }
+}
