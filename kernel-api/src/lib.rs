@@ -9,6 +9,7 @@
 //! - [`conformance`]: the suite every backend instantiates with [`conformance_suite!`].
 
 pub mod backend;
+pub mod compose;
 pub mod conformance;
 pub mod cpu;
 pub mod dtype;

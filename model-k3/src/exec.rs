@@ -5,7 +5,6 @@
 use kernel_api::ops::attn_res::{AttnResMix, AttnResMixArgs, AttnResMixParams};
 use kernel_api::ops::elementwise::{
     EmbeddingGather, EmbeddingGatherArgs, EmbeddingGatherParams, SigmoidGate, SigmoidGateArgs, SigmoidGateParams, SituGlu,
-    SituGluArgs, SituGluInput, SituGluParams,
 };
 use kernel_api::ops::gemm::{Gemm, GemmArgs, GemmParams};
 use kernel_api::ops::norm::{GatedRmsNorm, GatedRmsNormArgs, GatedRmsNormParams, RmsNorm, RmsNormArgs, RmsNormParams, RmsWeightOrder};
@@ -135,14 +134,6 @@ impl<B: ModelBackend> Exec<'_, B> {
         let plan = AttnResMix::plan(self.b, &AttnResMixParams { sources: s, m, d, eps })?;
         let mut out = self.zeros(self.act, &[m, d])?;
         AttnResMix::run(self.b, &plan, AttnResMixArgs { sources, score_vector: w.as_ref(), out: out.as_mut() }, None, self.stream())?;
-        Ok(out)
-    }
-
-    pub fn situ_glu(&self, gate: TensorRef<'_, B>, up: TensorRef<'_, B>, beta: f32, linear_beta: Option<f32>) -> Result<DeviceTensor<B>> {
-        let (m, n) = (gate.layout.shape[0], gate.layout.shape[1]);
-        let plan = SituGlu::plan(self.b, &SituGluParams { m, n, beta, linear_beta })?;
-        let mut out = self.zeros(self.act, &[m, n])?;
-        SituGlu::run(self.b, &plan, SituGluArgs { input: SituGluInput::Separate { gate, up }, out: out.as_mut() }, None, self.stream())?;
         Ok(out)
     }
 

@@ -17,11 +17,11 @@ use kernel_api::ops::{
     CausalConv1dArgs, CausalConv1dBatch, CausalConv1dParams, KdaDecodeArgs, KdaDecodeBatch, KdaDecodeParams, KdaGateMode,
     KdaPrefillArgs, KdaPrefillBatch, KdaPrefillParams, KdaStateLayout, KvCacheFormat, KvDims, MlaCacheWriteArgs,
     MlaCacheWriteBatch, MlaCacheWriteParams, MlaDecodeArgs, MlaDecodeBatch, MlaDecodeParams, MlaDecodeVariant, MlaPagedCache,
-    MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedBatch, MlaPrefillAbsorbedParams, MlaSplitPolicy, MoeAlignArgs, MoeAlignParams,
-    MoeCombineArgs, MoeCombineParams, MoeGemmArgs, MoeGemmParams, MoeGemmStage, MoeRouterArgs, MoeRouterParams, MoeRouting,
-    MoeWeightFormat, RouterScore,
+    MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedBatch, MlaPrefillAbsorbedParams, MlaSplitPolicy,
 };
 use kernel_api::ops::conv1d::{ConvActivation, HostIndices};
+use kernel_api::compose::latent_moe::situ_mlp;
+use kernel_api::compose::{latent_moe_forward, ExpertWeights, LatentMoeConfig, LatentMoeWeights, SharedMlp};
 use kernel_api::{Backend, BackendExt, DType, DeviceTensor, Error, HostTensor, Result};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -383,11 +383,8 @@ impl<B: ModelBackend> Ctx<'_, B> {
     }
 
     fn mlp(&self, w: &crate::weights::DenseMlpWeights<B>, x: &DeviceTensor<B>) -> Result<DeviceTensor<B>> {
-        let ex = self.exec();
-        let g = ex.gemm(x.as_ref(), &w.gate)?;
-        let u = ex.gemm(x.as_ref(), &w.up)?;
-        let a = ex.situ_glu(g.as_ref(), u.as_ref(), self.cfg.situ_beta, self.cfg.situ_linear_beta)?;
-        ex.gemm(a.as_ref(), &w.down)
+        let shared = SharedMlp { gate: w.gate.as_ref(), up: w.up.as_ref(), down: w.down.as_ref() };
+        situ_mlp(self.b, x.as_ref(), &shared, self.cfg.situ_beta, self.cfg.situ_linear_beta, ACT)
     }
 
     fn kda_gate_mode(&self) -> KdaGateMode {
@@ -604,104 +601,40 @@ impl<B: ModelBackend> Ctx<'_, B> {
     }
 
     fn moe(&self, w: &MoeWeights<B>, x: &DeviceTensor<B>) -> Result<DeviceTensor<B>> {
-        let ex = self.exec();
-        let b = self.b;
         let mc = &self.cfg.moe;
-        let (t, d) = (x.layout.shape[0], self.cfg.hidden_size);
-        let (e, k, nn, lat) = (mc.num_experts, mc.top_k, mc.moe_intermediate_size, mc.latent_size);
-        let stream = b.default_stream();
-        let rparams = MoeRouterParams {
-            tokens: t,
-            hidden: d,
-            experts: e,
-            top_k: k,
+        let cfg = LatentMoeConfig {
+            hidden: self.cfg.hidden_size,
+            latent: mc.latent_size,
+            intermediate: mc.moe_intermediate_size,
+            experts: mc.num_experts,
+            top_k: mc.top_k,
             n_group: mc.num_expert_group,
             topk_group: mc.topk_group,
             renormalize: mc.renormalize,
             routed_scaling_factor: mc.routed_scaling_factor,
-            score: RouterScore::Sigmoid,
-        };
-        let rplan = kernel_api::ops::MoeRouter::plan(b, &rparams)?;
-        let mut ids = ex.zeros(DType::I32, &[t, k])?;
-        let mut weights = ex.zeros(DType::F32, &[t, k])?;
-        let rargs = MoeRouterArgs {
-            x: x.as_ref(),
-            weight: w.router.as_ref(),
-            bias: Some(w.bias.as_ref()),
-            topk_ids: ids.as_mut(),
-            topk_weights: weights.as_mut(),
-        };
-        kernel_api::ops::MoeRouter::run(b, &rplan, rargs, None, stream)?;
-        let z = ex.gemm(x.as_ref(), &w.latent_down)?;
-        let routing = MoeRouting { tokens: t, top_k: k, experts: e, block_m: self.opts.moe_block_m };
-        let aplan = kernel_api::ops::MoeAlign::plan(b, &MoeAlignParams { routing: routing.clone(), global_experts: None })?;
-        let mut sorted = ex.zeros(DType::I32, &[aplan.max_padded])?;
-        let mut expert_ids = ex.zeros(DType::I32, &[aplan.num_blocks])?;
-        let mut ntp = ex.zeros(DType::I32, &[1])?;
-        let mut aws = b.alloc_zeroed(kernel_api::ops::MoeAlign::workspace_size(b, &aplan))?;
-        let aargs = MoeAlignArgs {
-            topk_ids: ids.as_ref(),
-            expert_map: None,
-            sorted_token_ids: sorted.as_mut(),
-            expert_ids: expert_ids.as_mut(),
-            num_tokens_post_padded: ntp.as_mut(),
-        };
-        kernel_api::ops::MoeAlign::run(b, &aplan, aargs, Some(&mut aws), stream)?;
-        let (format, (w13, s13), (w2, s2)) = match (&w.w13, &w.w2) {
-            (ExpertMatrix::Bf16(a), ExpertMatrix::Bf16(c)) => (MoeWeightFormat::Dense, (a, None), (c, None)),
-            (ExpertMatrix::Mxfp4 { packed: a, scales: sa }, ExpertMatrix::Mxfp4 { packed: c, scales: sc }) => {
-                (MoeWeightFormat::Mxfp4, (a, Some(sa)), (c, Some(sc)))
-            }
-            _ => return Err(Error::invalid("experts", "w13 and w2 are stored in different formats")),
-        };
-        let gparams = MoeGemmParams {
-            routing: routing.clone(),
-            k: lat,
-            n: nn,
-            stage: MoeGemmStage::GateUp { beta: self.cfg.situ_beta, linear_beta: self.cfg.situ_linear_beta },
-            weights: format,
+            situ_beta: self.cfg.situ_beta,
+            situ_linear_beta: self.cfg.situ_linear_beta,
+            norm_eps: self.cfg.rms_norm_eps,
+            block_m: self.opts.moe_block_m,
             activation_quant: None,
+            act_dtype: ACT,
         };
-        let gplan = kernel_api::ops::MoeGroupedGemm::plan(b, &gparams)?;
-        let mut act = ex.zeros(ACT, &[t * k, nn])?;
-        let gargs = MoeGemmArgs {
-            input: z.as_ref(),
-            weight: w13.as_ref(),
-            weight_scale: s13.map(|s| s.as_ref()),
-            sorted_token_ids: sorted.as_ref(),
-            expert_ids: expert_ids.as_ref(),
-            num_tokens_post_padded: ntp.as_ref(),
-            topk_weights: None,
-            out: act.as_mut(),
-        };
-        kernel_api::ops::MoeGroupedGemm::run(b, &gplan, gargs, None, stream)?;
-        let dparams = MoeGemmParams { routing, k: nn, n: lat, stage: MoeGemmStage::Down, weights: format, activation_quant: None };
-        let dplan = kernel_api::ops::MoeGroupedGemm::plan(b, &dparams)?;
-        let mut y = ex.zeros(DType::F32, &[t * k, lat])?;
-        let dargs = MoeGemmArgs {
-            input: act.as_ref(),
-            weight: w2.as_ref(),
-            weight_scale: s2.map(|s| s.as_ref()),
-            sorted_token_ids: sorted.as_ref(),
-            expert_ids: expert_ids.as_ref(),
-            num_tokens_post_padded: ntp.as_ref(),
-            topk_weights: Some(weights.as_ref()),
-            out: y.as_mut(),
-        };
-        kernel_api::ops::MoeGroupedGemm::run(b, &dplan, dargs, None, stream)?;
-        let cplan = kernel_api::ops::MoeCombine::plan(b, &MoeCombineParams { tokens: t, top_k: k, hidden: lat })?;
-        let mut r = ex.zeros(ACT, &[t, lat])?;
-        kernel_api::ops::MoeCombine::run(b, &cplan, MoeCombineArgs { y: y.as_ref(), out: r.as_mut() }, None, stream)?;
-        self.record("moe.routed_aggregate", &r)?;
-        let r = match &w.latent_norm {
-            Some(nw) => ex.rms_norm(r.as_ref(), nw, self.cfg.rms_norm_eps)?,
-            None => r,
-        };
-        let mut routed = ex.gemm(r.as_ref(), &w.latent_up)?;
-        if let Some(sh) = &w.shared {
-            let shared = self.mlp(sh, x)?;
-            ex.add_assign(routed.as_mut(), shared.as_ref())?;
+        fn experts<B: ModelBackend>(m: &ExpertMatrix<B>) -> ExpertWeights<'_, B> {
+            match m {
+                ExpertMatrix::Bf16(t) => ExpertWeights { weight: t.as_ref(), scale: None },
+                ExpertMatrix::Mxfp4 { packed, scales } => ExpertWeights { weight: packed.as_ref(), scale: Some(scales.as_ref()) },
+            }
         }
-        Ok(routed)
+        let weights = LatentMoeWeights {
+            router: w.router.as_ref(),
+            bias: w.bias.as_ref(),
+            latent_down: w.latent_down.as_ref(),
+            latent_norm: w.latent_norm.as_ref().map(|n| n.as_ref()),
+            latent_up: w.latent_up.as_ref(),
+            shared: w.shared.as_ref().map(|s| SharedMlp { gate: s.gate.as_ref(), up: s.up.as_ref(), down: s.down.as_ref() }),
+            w13: experts(&w.w13),
+            w2: experts(&w.w2),
+        };
+        latent_moe_forward(self.b, &cfg, &weights, x.as_ref())
     }
 }

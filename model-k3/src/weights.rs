@@ -61,8 +61,7 @@ fn transpose(t: &HostTensor) -> Result<HostTensor> {
 
 /// AttnRes score vector w = norm weight x proj weight[0, :], in f32 (section 2.2).
 pub fn attn_res_score(norm: &HostTensor, proj: &HostTensor) -> Result<HostTensor> {
-    let w: Vec<f32> = f32_values(norm).iter().zip(f32_values(proj)).map(|(a, b)| a * b).collect();
-    Ok(HostTensor::from_f32(DType::F32, &[w.len()], &w)?)
+    Ok(kernel_api::ops::attn_res::attn_res_score_vector(norm, proj)?)
 }
 
 pub struct KdaWeights<B: Backend> {

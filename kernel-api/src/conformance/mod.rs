@@ -19,6 +19,7 @@ pub mod gemm;
 pub mod kda_decode;
 pub mod kda_gate;
 pub mod kda_prefill;
+pub mod latent_moe;
 pub mod lse_merge;
 pub mod mla_cache_write;
 pub mod mla_decode;
@@ -88,6 +89,7 @@ pub const ALL_OPS: &[&str] = &[
     "situ_glu",
     "sigmoid_gate",
     "embedding_gather",
+    "latent_moe_block",
 ];
 
 /// Prints the coverage table and fails if an op has no test.

@@ -83,6 +83,8 @@ macro_rules! __k3_for_each_test {
             l2_norm: norm::l2_norm_matches_f64_oracle,
             l2_norm: norm::l2_norm_eps_inside_root_and_sum,
             l2_norm: norm::norm_rejects_bad_args,
+            latent_moe_block: latent_moe::latent_moe_matches_definition,
+            latent_moe_block: latent_moe::latent_moe_scaling_factor_cancels,
         }
     };
 }
