@@ -153,6 +153,12 @@ K3_DEVICE void mma_sync(FragC<M32N32K8>& d, const FragA<M32N32K8>& a, const Frag
   cv = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(av, bv, cv, 0, 0, 0);
   for (int i = 0; i < 16; ++i) d.x[i] = cv[i];
 }
+// Any other shape (e.g. M16N8K16, the default at K3_WARP_SIZE 32 on wave32 RDNA targets) has no
+// MFMA instruction: fail at compile time with a message instead of "no matching function".
+template <class S>
+K3_DEVICE void mma_sync(FragC<S>&, const FragA<S>&, const FragB<S>&, const FragC<S>&) {
+  static_assert(sizeof(S) == 0, "k3::mma: no MFMA instruction for this shape on HIP (wave64 gfx9 only)");
+}
 #else
 template <class S>
 K3_DEVICE void mma_sync(FragC<S>& d, const FragA<S>& a, const FragB<S>& b, const FragC<S>& c K3_SITE_PARAMS) {

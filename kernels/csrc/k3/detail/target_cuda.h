@@ -41,23 +41,20 @@ template <class T>
 K3_DEVICE T shfl(int kind, lane_mask_t mask, T v, int arg, int width) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "warp shuffles move 4- or 8-byte values");
   if constexpr (sizeof(T) == 4) {
-    int b;
-    __builtin_memcpy(&b, &v, 4);
+    int b = __builtin_bit_cast(int, v);
     b = kind == 0   ? __shfl_sync(mask, b, arg, width)
         : kind == 1 ? __shfl_up_sync(mask, b, static_cast<unsigned>(arg), width)
         : kind == 2 ? __shfl_down_sync(mask, b, static_cast<unsigned>(arg), width)
                     : __shfl_xor_sync(mask, b, arg, width);
-    __builtin_memcpy(&v, &b, 4);
+    return __builtin_bit_cast(T, b);
   } else {
-    long long b;
-    __builtin_memcpy(&b, &v, 8);
+    long long b = __builtin_bit_cast(long long, v);
     b = kind == 0   ? __shfl_sync(mask, b, arg, width)
         : kind == 1 ? __shfl_up_sync(mask, b, static_cast<unsigned>(arg), width)
         : kind == 2 ? __shfl_down_sync(mask, b, static_cast<unsigned>(arg), width)
                     : __shfl_xor_sync(mask, b, arg, width);
-    __builtin_memcpy(&v, &b, 8);
+    return __builtin_bit_cast(T, b);
   }
-  return v;
 }
 }  // namespace detail
 
