@@ -5,7 +5,7 @@ use crate::ops::{
     check_workspace, MoeActivationQuant, MoeCombine, MoeCombineArgs, MoeCombineParams, MoeCombinePlan, MoeGemmArgs,
     MoeGemmParams, MoeGemmPlan, MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
 };
-use crate::tensor::TensorRef;
+use crate::tensor::{Layout, TensorRef};
 
 /// Raw bytes of a one-byte-per-element tensor in logical order (E8M0 scales must not be decoded
 /// as values here: the MXFP4 decoder reads the exponent byte).
@@ -20,16 +20,24 @@ fn read_bytes(t: &TensorRef<'_, CpuBackend>, field: &str) -> Result<Vec<u8>> {
         .collect()
 }
 
-/// Every expert's weight as f32 `[E, rows, k]`; MXFP4 decodes exactly (no re-quantisation).
-fn expert_weights(plan: &MoeGemmPlan, args: &MoeGemmArgs<'_, CpuBackend>) -> Result<Vec<f32>> {
+/// Expert `e`'s slice `[rows, cols]` of a stacked `[E, rows, cols]` tensor.
+fn expert_view<'a>(t: &TensorRef<'a, CpuBackend>, e: usize) -> TensorRef<'a, CpuBackend> {
+    let l = &t.layout;
+    let layout = Layout { dtype: l.dtype, shape: l.shape[1..].to_vec(), strides: l.strides[1..].to_vec(), offset: l.offset + e * l.strides[0] };
+    TensorRef::new(t.buf, layout)
+}
+
+/// Expert `e`'s weight as f32 `[rows, k]`; MXFP4 decodes exactly (no re-quantisation). Only
+/// experts that serve a pair are decoded.
+fn expert_weight(plan: &MoeGemmPlan, args: &MoeGemmArgs<'_, CpuBackend>, e: usize) -> Result<Vec<f32>> {
     let p = &plan.params;
     match p.weights {
-        MoeWeightFormat::Dense => read_f32(&args.weight),
+        MoeWeightFormat::Dense => read_f32(&expert_view(&args.weight, e)),
         MoeWeightFormat::Mxfp4 => {
             let scale = args.weight_scale.as_ref().ok_or_else(|| Error::invalid("weight_scale", "required for MXFP4 weights"))?;
-            let packed = read_bytes(&args.weight, "weight")?;
-            let scales = read_bytes(scale, "weight_scale")?;
-            mxfp4_dequantize(&packed, &scales, p.routing.experts * plan.weight_rows, p.k)
+            let packed = read_bytes(&expert_view(&args.weight, e), "weight")?;
+            let scales = read_bytes(&expert_view(scale, e), "weight_scale")?;
+            mxfp4_dequantize(&packed, &scales, plan.weight_rows, p.k)
         }
     }
 }
@@ -100,14 +108,22 @@ impl MoeGroupedGemm for CpuBackend {
         plan.check_args(self, &args)?;
         check_workspace(self, workspace.as_deref(), MoeGroupedGemm::workspace_size(self, plan))?;
         let p = &plan.params;
-        let (k, n, rows, top_k) = (p.k, p.n, plan.weight_rows, p.routing.top_k);
+        let (k, n, top_k) = (p.k, p.n, p.routing.top_k);
         let mut input = read_f32(&args.input)?;
         if p.activation_quant == Some(MoeActivationQuant::Mxfp8) {
             quantize_mxfp8(&mut input); // k % 32 == 0 (plan), so groups never straddle rows
         }
-        let w = expert_weights(plan, &args)?;
         let served = served_pairs(plan, &args)?;
-        let weight_row = |e: usize, j: usize| &w[(e * rows + j) * k..(e * rows + j + 1) * k];
+        let mut w: Vec<Option<Vec<f32>>> = vec![None; p.routing.experts];
+        for &(_, e) in &served {
+            if w[e].is_none() {
+                w[e] = Some(expert_weight(plan, &args, e)?);
+            }
+        }
+        let weight_row = |e: usize, j: usize| match &w[e] {
+            Some(we) => &we[j * k..(j + 1) * k],
+            None => &[][..],
+        };
         let mut out = vec![0f32; plan.pairs * n];
         match p.stage {
             MoeGemmStage::GateUp { beta, linear_beta } => {
