@@ -2,6 +2,9 @@
 //! [`crate::GpuBackend`] over any runtime. `run` re-checks the arguments against the plan (no
 //! device data is read), then launches from the plan's metadata only.
 
+mod dense_elementwise;
+mod dense_gemm;
+mod dense_norm;
 mod lse_merge;
 mod pending;
 mod tensor_ops;

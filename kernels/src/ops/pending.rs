@@ -5,17 +5,7 @@
 
 use crate::gpu_backend::GpuBackend;
 use crate::runtime::Runtime;
-use kernel_api::ops::attn_res::{AttnResMix, AttnResMixArgs, AttnResMixParams, AttnResMixPlan};
-use kernel_api::ops::elementwise::{
-    EmbeddingGather, EmbeddingGatherArgs, EmbeddingGatherParams, EmbeddingGatherPlan, SigmoidGate, SigmoidGateArgs,
-    SigmoidGateParams, SigmoidGatePlan, SituGlu, SituGluArgs, SituGluParams, SituGluPlan,
-};
-use kernel_api::ops::gemm::{Gemm, GemmArgs, GemmParams, GemmPlan};
 use kernel_api::ops::kda_gate::{KdaGate, KdaGateArgs, KdaGateParams, KdaGatePlan};
-use kernel_api::ops::norm::{
-    GatedRmsNorm, GatedRmsNormArgs, GatedRmsNormParams, GatedRmsNormPlan, L2Norm, L2NormArgs, L2NormParams, L2NormPlan,
-    RmsNorm, RmsNormArgs, RmsNormParams, RmsNormPlan,
-};
 use kernel_api::ops::*;
 use kernel_api::{Error, Result};
 
@@ -37,14 +27,6 @@ macro_rules! pending {
 }
 
 pending! {
-    Gemm, GemmParams, GemmPlan, GemmArgs, "gemm";
-    RmsNorm, RmsNormParams, RmsNormPlan, RmsNormArgs, "rms_norm";
-    GatedRmsNorm, GatedRmsNormParams, GatedRmsNormPlan, GatedRmsNormArgs, "gated_rms_norm";
-    L2Norm, L2NormParams, L2NormPlan, L2NormArgs, "l2_norm";
-    AttnResMix, AttnResMixParams, AttnResMixPlan, AttnResMixArgs, "attn_res_mix";
-    SituGlu, SituGluParams, SituGluPlan, SituGluArgs, "situ_glu";
-    SigmoidGate, SigmoidGateParams, SigmoidGatePlan, SigmoidGateArgs, "sigmoid_gate";
-    EmbeddingGather, EmbeddingGatherParams, EmbeddingGatherPlan, EmbeddingGatherArgs, "embedding_gather";
     MlaPrefill, MlaPrefillParams, MlaPrefillPlan, MlaPrefillArgs, "mla_prefill";
     MlaCacheWrite, MlaCacheWriteParams, MlaCacheWritePlan, MlaCacheWriteArgs, "mla_cache_write";
     MlaDecode, MlaDecodeParams, MlaDecodePlan, MlaDecodeArgs, "mla_decode";

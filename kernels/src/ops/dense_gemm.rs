@@ -1,0 +1,91 @@
+//! Dense GEMM launcher (kernels in `csrc/ops/dense_gemm.cu`): the bf16 MMA kernel when x and W
+//! are both bf16, the f32 FMA kernel otherwise (an f32 operand is never rounded to bf16: the
+//! spec decodes inputs exactly). 64x64 output tiles; grid x over N tiles, y over M tiles.
+
+use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
+use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
+use kernel_api::ops::{check_workspace, Gemm, GemmArgs, GemmParams, GemmPlan};
+use kernel_api::{Backend, DType, Error, Result};
+
+/// Output tile of both kernels (`DENSE_GEMM_BM` x `DENSE_GEMM_BN`).
+const TILE: usize = 64;
+/// Threads of the f32 kernel (`DENSE_GEMM_F32_THREADS`).
+const F32_THREADS: u32 = 256;
+/// Warps of the MMA kernel (a 2x2 grid of 32x32 warp tiles).
+const MMA_WARPS: u32 = 4;
+/// CUDA and HIP cap grid y at 65535.
+const MAX_GRID_Y: usize = 65_535;
+
+fn grid(p: &GemmParams) -> Result<(u32, u32)> {
+    let tiles_m = p.m.div_ceil(TILE);
+    if tiles_m > MAX_GRID_Y {
+        return Err(Error::unsupported(
+            "params.m",
+            format!(
+                "{} rows need {tiles_m} row tiles; the GPU GEMM takes at most {}",
+                p.m,
+                MAX_GRID_Y * TILE
+            ),
+        ));
+    }
+    let tiles_n = to_i32("params.n", p.n.div_ceil(TILE))?;
+    Ok((tiles_n as u32, tiles_m as u32))
+}
+
+fn uses_mma(p: &GemmParams) -> bool {
+    p.x_dtype == DType::BF16 && p.w_dtype == DType::BF16
+}
+
+impl<R: Runtime> Gemm for GpuBackend<R> {
+    fn supports(&self, p: &GemmParams) -> Result<()> {
+        to_i32("params.m", p.m)?;
+        to_i32("params.n", p.n)?;
+        to_i32("params.k", p.k)?;
+        grid(p)?;
+        Ok(())
+    }
+
+    fn run(&self, plan: &GemmPlan, args: GemmArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<()> {
+        plan.check_args(self, &args)?;
+        check_workspace(self, ws.as_deref(), Gemm::workspace_size(self, plan))?;
+        let p = &plan.params;
+        if p.m == 0 {
+            return Ok(());
+        }
+        let (grid_x, grid_y) = grid(p)?;
+        let (x, w, out) = (&args.x.layout, &args.w.layout, &args.out.layout);
+        let mma = uses_mma(p);
+        let mut a = KernelArgs::new();
+        arg(&mut a, self.ptr(args.x.buf, x));
+        if !mma {
+            arg(&mut a, dtype_code(x.dtype));
+        }
+        arg(&mut a, x.strides[0] as i64);
+        arg(&mut a, self.ptr(args.w.buf, w));
+        if !mma {
+            arg(&mut a, dtype_code(w.dtype));
+        }
+        arg(&mut a, w.strides[0] as i64);
+        match &args.bias {
+            Some(b) => {
+                arg(&mut a, self.ptr(b.buf, &b.layout));
+                arg(&mut a, dtype_code(b.layout.dtype));
+            }
+            None => {
+                arg(&mut a, DevicePtr(0));
+                arg(&mut a, 0i32);
+            }
+        }
+        arg(&mut a, self.ptr(&*args.out.buf, out));
+        arg(&mut a, dtype_code(out.dtype));
+        arg(&mut a, to_i32("params.m", p.m)?);
+        arg(&mut a, to_i32("params.n", p.n)?);
+        arg(&mut a, to_i32("params.k", p.k)?);
+        let (name, threads) = if mma {
+            ("dense_gemm_bf16_mma", MMA_WARPS * self.device_info().warp_size)
+        } else {
+            ("dense_gemm_f32_fma", F32_THREADS)
+        };
+        self.launch(name, LaunchConfig::new((grid_x, grid_y), threads, 0), &mut a, stream)
+    }
+}
