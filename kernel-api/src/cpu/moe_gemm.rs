@@ -6,6 +6,7 @@ use crate::ops::{
     MoeGemmParams, MoeGemmPlan, MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
 };
 use crate::tensor::{Layout, TensorRef};
+use rayon::prelude::*;
 
 /// Raw bytes of a one-byte-per-element tensor in logical order (E8M0 scales must not be decoded
 /// as values here: the MXFP4 decoder reads the exponent byte).
@@ -124,27 +125,37 @@ impl MoeGroupedGemm for CpuBackend {
             Some(we) => &we[j * k..(j + 1) * k],
             None => &[][..],
         };
+        let mut expert_of = vec![None; plan.pairs];
+        for &(pair, e) in &served {
+            expert_of[pair] = Some(e);
+        }
+        // Rows of `out` are independent (one pair each): computing them in parallel does not
+        // change any value or summation order.
         let mut out = vec![0f32; plan.pairs * n];
         match p.stage {
             MoeGemmStage::GateUp { beta, linear_beta } => {
-                for &(pair, e) in &served {
-                    let a = &input[(pair / top_k) * k..(pair / top_k + 1) * k];
-                    for j in 0..n {
-                        let (g, u) = (dot(a, weight_row(e, j)), dot(a, weight_row(e, n + j)));
-                        out[pair * n + j] = math::situ(g, u, beta, linear_beta);
+                out.par_chunks_mut(n.max(1)).enumerate().for_each(|(pair, row)| {
+                    if let Some(e) = expert_of[pair] {
+                        let a = &input[(pair / top_k) * k..(pair / top_k + 1) * k];
+                        for (j, o) in row.iter_mut().enumerate() {
+                            let (g, u) = (dot(a, weight_row(e, j)), dot(a, weight_row(e, n + j)));
+                            *o = math::situ(g, u, beta, linear_beta);
+                        }
                     }
-                }
+                });
             }
             MoeGemmStage::Down => {
                 let tw =
                     args.topk_weights.as_ref().ok_or_else(|| Error::invalid("topk_weights", "required by the down stage"))?;
                 let router_w = read_f32(tw)?;
-                for &(pair, e) in &served {
-                    let a = &input[pair * k..(pair + 1) * k];
-                    for j in 0..n {
-                        out[pair * n + j] = dot(a, weight_row(e, j)) * router_w[pair];
+                out.par_chunks_mut(n.max(1)).enumerate().for_each(|(pair, row)| {
+                    if let Some(e) = expert_of[pair] {
+                        let a = &input[pair * k..(pair + 1) * k];
+                        for (j, o) in row.iter_mut().enumerate() {
+                            *o = dot(a, weight_row(e, j)) * router_w[pair];
+                        }
                     }
-                }
+                });
             }
         }
         write_f32(&mut args.out, &out)
