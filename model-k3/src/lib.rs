@@ -4,7 +4,8 @@
 //! - [`inventory`]: the tensors a checkpoint must hold for a config;
 //! - [`checkpoint`]: HF-layout loading (index, memory-mapped shards, header-only open);
 //! - [`inspect`]: checkpoint conformance against the config;
-//! - [`tiny`]: the deterministic tiny checkpoint generator.
+//! - [`tiny`]: the deterministic tiny checkpoint generator;
+//! - [`op_cli`]: `k3 op`, one op on tensors from a safetensors file (reproduction packages).
 
 pub mod cache;
 pub mod checkpoint;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod inspect;
 pub mod inventory;
 pub mod model;
+pub mod op_cli;
 pub mod runner;
 pub mod tiny;
 pub mod weights;

@@ -7,6 +7,7 @@ use model_k3::doctor;
 use model_k3::exec::ModelBackend;
 use model_k3::inspect::inspect_dir;
 use model_k3::model::ModelOptions;
+use model_k3::op_cli::{run_op_files, OpError};
 use model_k3::runner::{load_model, write_npy};
 use model_k3::tiny::write_tiny_checkpoint;
 use std::path::{Path, PathBuf};
@@ -80,6 +81,23 @@ enum Cmd {
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
+    /// Run ONE kernel op on tensors from a safetensors file and write its outputs to another
+    /// (a reproduction package to compare with any reference; see model-k3/README.md).
+    Op {
+        /// Op name as in the conformance registry: gemm, rms_norm, mla_decode, kda_prefill, ...
+        name: String,
+        /// Input tensors, named as the op's argument fields (in-place tensors included).
+        #[arg(long)]
+        inputs: PathBuf,
+        /// Params JSON: the op's params fields by name, `out_dtypes`, `dtypes`, host metadata.
+        #[arg(long)]
+        params: Option<PathBuf>,
+        /// Where to write the outputs (pure outputs and in-place tensors).
+        #[arg(long)]
+        outputs: PathBuf,
+        #[command(flatten)]
+        backend: BackendArg,
+    },
     /// Environment fingerprint and staged checks; names the first failing stage.
     Doctor {
         #[arg(long)]
@@ -128,6 +146,22 @@ fn main() -> ExitCode {
             match backend.name().as_str() {
                 "cpu" => run(&model, &prompt_ids, max_new_tokens, chunk, opts, logits_out.as_deref(), CpuBackend::new()),
                 other => fail(format!("backend `{other}` is not available in this build (available: cpu)")),
+            }
+        }
+        Cmd::Op { name, inputs, params, outputs, backend } => {
+            let result = match backend.name().as_str() {
+                "cpu" => run_op_files(&CpuBackend::new(), &name, &inputs, params.as_deref(), &outputs),
+                other => Err(OpError::UnknownBackend { name: other.to_string() }),
+            };
+            match result {
+                Ok(outs) => {
+                    for (n, t) in &outs {
+                        println!("{n}: {} {:?}", t.dtype, t.shape);
+                    }
+                    println!("wrote {} tensors to {}", outs.len(), outputs.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
             }
         }
         Cmd::Doctor { json, backend } => {
