@@ -3,5 +3,8 @@
 //! device data is read), then launches from the plan's metadata only.
 
 mod lse_merge;
+mod moe_align;
+mod moe_gemm;
+mod moe_router;
 mod pending;
 mod tensor_ops;
