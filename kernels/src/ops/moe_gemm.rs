@@ -26,6 +26,10 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         // Weight rows (2n for gate/up) are indexed with 64-bit strides; only the row index itself
         // must fit an int.
         to_i32("params.n x 2", p.n.saturating_mul(2))?;
+        // One block per M-block: keep grid.x * 256 threads within every vendor's 2^32 limit.
+        if r.num_blocks().is_none_or(|b| b > 1 << 24) {
+            return Err(Error::unsupported("params.routing.block_m", "more than 2^24 M-blocks; use a larger block_m"));
+        }
         if p.n.div_ceil(TILE_N) > 65_535 {
             return Err(Error::unsupported("params.n", format!("{} needs more than 65535 column tiles", p.n)));
         }
