@@ -6,5 +6,8 @@ mod dense_elementwise;
 mod dense_gemm;
 mod dense_norm;
 mod lse_merge;
+mod moe_align;
+mod moe_gemm;
+mod moe_router;
 mod pending;
 mod tensor_ops;

@@ -35,8 +35,4 @@ pending! {
     KdaPrefill, KdaPrefillParams, KdaPrefillPlan, KdaPrefillArgs, "kda_prefill";
     KdaDecode, KdaDecodeParams, KdaDecodePlan, KdaDecodeArgs, "kda_decode";
     CausalConv1d, CausalConv1dParams, CausalConv1dPlan, CausalConv1dArgs, "causal_conv1d";
-    MoeRouter, MoeRouterParams, MoeRouterPlan, MoeRouterArgs, "moe_router";
-    MoeAlign, MoeAlignParams, MoeAlignPlan, MoeAlignArgs, "moe_align";
-    MoeGroupedGemm, MoeGemmParams, MoeGemmPlan, MoeGemmArgs, "moe_grouped_gemm";
-    MoeCombine, MoeCombineParams, MoeCombinePlan, MoeCombineArgs, "moe_combine";
 }

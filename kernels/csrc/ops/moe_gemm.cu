@@ -1,0 +1,204 @@
+// Grouped expert GEMMs over block-aligned routing and the top-k combine (kernel-api
+// ops/moe_gemm.rs is the spec; vLLM fused_moe kernels 1/2 and moe_sum).
+//
+// moe_gemm_grouped: one block per (M-block of the align output, tile of kMoeBN output columns),
+// 256 threads, SIMT f32 FMA (no tensor cores). The block walks its M-block kMoeRM rows at a time
+// (stopping at the first padding sentinel); per row chunk it loops over k in kMoeBK = 32 steps:
+//   - gather: the chunk's input rows (token rows for GateUp, pair rows for Down) into shared
+//     memory as f32, optionally replaced by their MXFP8 round trip (one E8M0 exponent per 32 k:
+//     exactly one k step, amax by a 32-lane shuffle reduction);
+//   - decode: the expert's weight rows of the tile (GateUp: the gate rows and the matching up
+//     rows together) into shared memory as f32; MXFP4 as e2m1(code) * 2^(S-127), exact;
+//   - multiply: each thread owns one column and kMoeRM / 4 rows and accumulates every output
+//     in ascending k (the contract's sequential order). The order is the same for dense and
+//     MXFP4 weights and the decoded operands are the same f32 values, so MXFP4 results equal
+//     the bf16 twin's bit for bit.
+// Epilogue: GateUp applies SiTU-GLU to the (gate, up) accumulator pair; Down multiplies by the
+// pair's router weight. Blocks past num_tokens_post_padded or with expert -1 exit at once.
+// Rows of pairs no block serves are zeroed beforehand by moe_gemm_zero_rows.
+#include "k3/compat.h"
+
+namespace {
+
+constexpr int kMoeThreads = 256;
+constexpr int kMoeRM = 16;  // rows per chunk
+constexpr int kMoeBN = 64;  // output columns per block
+constexpr int kMoeBK = 32;  // k per step (= the MX block)
+constexpr int kMoeRowsPerThread = kMoeRM * kMoeBN / kMoeThreads;
+constexpr int kMoeRowStep = kMoeThreads / kMoeBN;
+
+// E2M1 magnitude code (0..7) -> 0, 0.5, 1, 1.5, 2, 3, 4, 6 (exact).
+K3_DEVICE float moe_e2m1(unsigned code) {
+  const unsigned m = code & 7u;
+  float v = m < 2u ? 0.5f * static_cast<float>(m)
+                   : (1.0f + 0.5f * static_cast<float>(m & 1u)) * static_cast<float>(1u << ((m >> 1) - 1u));
+  return (code & 8u) != 0 ? -v : v;
+}
+
+// 2^e for e in [-127, 127] as an exact f32.
+K3_DEVICE float moe_pow2(int e) {
+  return e >= -126 ? k3::uint_as_float(static_cast<uint32_t>(e + 127) << 23) : k3::uint_as_float(0x00400000u);
+}
+
+// floor(log2 a) of a finite a > 0 (subnormals included).
+K3_DEVICE int moe_floor_log2(float a) {
+  const uint32_t u = k3::float_as_uint(a);
+  const int ef = static_cast<int>(u >> 23);
+  if (ef != 0) return ef - 127;
+  int e = -127;
+  for (uint32_t m = u & 0x7fffffu; (m & 0x400000u) == 0; m <<= 1) --e;
+  return e;
+}
+
+// The MXFP8 round trip of v, one of the 32 values of a block held by 32 consecutive lanes
+// (formats::Mxfp8Block::quantize then dequantize). Every lane of the warp must call it.
+K3_DEVICE float moe_mxfp8_round_trip(float v) {
+  float amax = k3::abs_f32(v);
+  float bad = (v - v) != 0.0f || v != v ? 1.0f : 0.0f;  // NaN or +-Inf
+  for (int off = 16; off > 0; off >>= 1) {
+    const float oa = k3::shfl_xor(amax, off);
+    const float ob = k3::shfl_xor(bad, off);
+    amax = oa > amax ? oa : amax;
+    bad = ob > bad ? ob : bad;
+  }
+  if (bad != 0.0f) return k3::uint_as_float(0x7fc00000u);
+  if (amax == 0.0f) return v;
+  int x = moe_floor_log2(amax) - 8;  // E4M3's largest exponent is 8
+  x = x < -127 ? -127 : (x > 127 ? 127 : x);
+  const uint8_t code = k3::f32_to_e4m3fn(v * moe_pow2(-x));
+  return k3::e4m3fn_to_f32(code) * moe_pow2(x);
+}
+
+}  // namespace
+
+K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int64_t in_s1, const void* weight,
+                                int w_dt, int64_t w_s0, int64_t w_s1, int64_t w_s2, const uint8_t* scale,
+                                int64_t sc_s0, int64_t sc_s1, int64_t sc_s2, const int* sorted, int64_t sorted_s0,
+                                const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
+                                const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out, int out_dt,
+                                int64_t out_s0, int64_t out_s1, int pairs, int top_k, int experts, int block_m, int k,
+                                int n, int max_padded, int gate_up, float beta, float linear_beta, int mxfp8) {
+  K3_SHARED(float, a_tile, [kMoeRM][kMoeBK + 1]);
+  K3_SHARED(float, w_tile, [2 * kMoeBN][kMoeBK + 1]);
+  K3_SHARED(int, row_pair, [kMoeRM]);
+
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int blk = static_cast<int>(k3::block_idx_x());
+  const int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN;
+  int used = *num_post_padded;
+  used = used < max_padded ? used : max_padded;
+  if (blk * block_m >= used) return;
+  const int e = expert_ids[blk * eid_s0];
+  if (e < 0 || e >= experts) return;
+
+  const int col = tid % kMoeBN;
+  const int row0 = tid / kMoeBN;
+  const int w_rows = gate_up ? 2 * kMoeBN : kMoeBN;
+  for (int m0 = 0; m0 < block_m; m0 += kMoeRM) {
+    if (tid < kMoeRM) {
+      int p = -1;
+      if (m0 + tid < block_m) {
+        p = sorted[(static_cast<int64_t>(blk) * block_m + m0 + tid) * sorted_s0];
+        if (p < 0 || p >= pairs) p = -1;  // padding sentinel (or an invalid entry)
+      }
+      row_pair[tid] = p;
+    }
+    k3::sync_threads();
+    if (row_pair[0] < 0) break;  // runs are packed: the rest of the block is padding
+
+    float acc_g[kMoeRowsPerThread];
+    float acc_u[kMoeRowsPerThread];
+    for (int i = 0; i < kMoeRowsPerThread; ++i) acc_g[i] = acc_u[i] = 0.0f;
+
+    for (int k0 = 0; k0 < k; k0 += kMoeBK) {
+      const int kn = k - k0 < kMoeBK ? k - k0 : kMoeBK;
+      // Gather the chunk's input rows; lanes map to consecutive k of one row.
+      for (int idx = tid; idx < kMoeRM * kMoeBK; idx += kMoeThreads) {
+        const int r = idx / kMoeBK;
+        const int kk = idx % kMoeBK;
+        const int p = row_pair[r];
+        float v = 0.0f;
+        if (p >= 0 && kk < kn) {
+          const int64_t in_row = gate_up ? p / top_k : p;
+          v = k3::load_f32(input, in_dt, in_row * in_s0 + static_cast<int64_t>(k0 + kk) * in_s1);
+        }
+        if (mxfp8) v = moe_mxfp8_round_trip(v);  // k % 32 == 0: the 32 lanes hold one MX block
+        a_tile[r][kk] = v;
+      }
+      // Decode the expert's weight rows of this tile.
+      for (int idx = tid; idx < w_rows * kMoeBK; idx += kMoeThreads) {
+        const int lr = idx / kMoeBK;
+        const int kk = idx % kMoeBK;
+        const int j = n0 + lr % kMoeBN;
+        float v = 0.0f;
+        if (j < n && kk < kn) {
+          const int64_t row = lr < kMoeBN ? j : n + j;
+          const int64_t kc = k0 + kk;
+          if (scale != nullptr) {
+            const uint8_t byte = static_cast<const uint8_t*>(weight)[e * w_s0 + row * w_s1 + (kc / 2) * w_s2];
+            const float s = k3::load_f32(scale, k3::kE8M0, e * sc_s0 + row * sc_s1 + (kc / kMoeBK) * sc_s2);
+            v = moe_e2m1((kc & 1) != 0 ? byte >> 4 : byte & 0x0fu) * s;
+          } else {
+            v = k3::load_f32(weight, w_dt, e * w_s0 + row * w_s1 + kc * w_s2);
+          }
+        }
+        w_tile[lr][kk] = v;
+      }
+      k3::sync_threads();
+      for (int kk = 0; kk < kn; ++kk) {
+        const float wg = w_tile[col][kk];
+        const float wu = gate_up ? w_tile[kMoeBN + col][kk] : 0.0f;
+        for (int i = 0; i < kMoeRowsPerThread; ++i) {
+          const float a = a_tile[row0 + i * kMoeRowStep][kk];
+          acc_g[i] += a * wg;
+          acc_u[i] += a * wu;
+        }
+      }
+      k3::sync_threads();  // tiles are consumed before the next step overwrites them
+    }
+
+    const int j = n0 + col;
+    for (int i = 0; i < kMoeRowsPerThread; ++i) {
+      const int p = row_pair[row0 + i * kMoeRowStep];
+      if (p < 0 || j >= n) continue;
+      float v;
+      if (gate_up) {
+        const float g = acc_g[i];
+        const float u = acc_u[i];
+        const float gate = beta * k3::tanh_f32(g / beta) * k3::sigmoid_f32(g);
+        const float up = linear_beta > 0.0f ? linear_beta * k3::tanh_f32(u / linear_beta) : u;
+        v = gate * up;
+      } else {
+        v = acc_g[i] * topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
+      }
+      k3::store_f32(out, out_dt, p * out_s0 + j * out_s1, v);
+    }
+    k3::sync_threads();  // row_pair is rewritten by the next chunk
+  }
+}
+K3_EXPORT(moe_gemm_grouped);
+
+// out[r, j] = 0 for every row: rows of pairs that no block serves (expert map) must read zero.
+K3_KERNEL void moe_gemm_zero_rows(void* out, int out_dt, int64_t out_s0, int64_t out_s1, int64_t rows, int n) {
+  const int64_t total = rows * n;
+  const int64_t step = static_cast<int64_t>(k3::grid_dim_x()) * k3::block_dim_x();
+  for (int64_t i = static_cast<int64_t>(k3::block_idx_x()) * k3::block_dim_x() + k3::thread_idx_x(); i < total;
+       i += step) {
+    k3::store_f32(out, out_dt, (i / n) * out_s0 + (i % n) * out_s1, 0.0f);
+  }
+}
+K3_EXPORT(moe_gemm_zero_rows);
+
+// out[t, j] = sum over slots of y[t*top_k + slot, j], f32 in ascending slot order, rounded once.
+// One block per token (grid-stride), threads over the hidden columns (coalesced).
+K3_KERNEL void moe_combine_sum(const float* y, int64_t y_s0, int64_t y_s1, void* out, int out_dt, int64_t out_s0,
+                               int64_t out_s1, int tokens, int top_k, int hidden) {
+  for (int t = static_cast<int>(k3::block_idx_x()); t < tokens; t += static_cast<int>(k3::grid_dim_x())) {
+    for (int j = static_cast<int>(k3::thread_idx_x()); j < hidden; j += static_cast<int>(k3::block_dim_x())) {
+      float acc = 0.0f;
+      for (int s = 0; s < top_k; ++s) acc += y[(static_cast<int64_t>(t) * top_k + s) * y_s0 + j * y_s1];
+      k3::store_f32(out, out_dt, t * out_s0 + j * out_s1, acc);
+    }
+  }
+}
+K3_EXPORT(moe_combine_sum);

@@ -1,0 +1,163 @@
+//! Grouped expert GEMM and combine launchers (csrc/ops/moe_gemm.cu): `moe_gemm_zero_rows` then
+//! `moe_gemm_grouped` on a grid of (M-blocks, 64-column tiles); `moe_combine_sum` one block per
+//! token.
+
+use crate::gpu_backend::{arg, blocks_for, dtype_code, to_i32, GpuBackend};
+use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
+use kernel_api::ops::{
+    check_workspace, MoeActivationQuant, MoeCombine, MoeCombineArgs, MoeCombineParams, MoeCombinePlan, MoeGemmArgs,
+    MoeGemmParams, MoeGemmPlan, MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
+};
+use kernel_api::{Error, Result};
+
+const THREADS: u32 = 256;
+/// Output columns per block (`kMoeBN` in the kernel).
+const TILE_N: usize = 64;
+
+impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
+    fn supports(&self, p: &MoeGemmParams) -> Result<()> {
+        let r = &p.routing;
+        to_i32("params.k", p.k)?;
+        to_i32("params.n", p.n)?;
+        to_i32("params.routing.block_m", r.block_m)?;
+        to_i32("params.routing.experts", r.experts)?;
+        let pairs = r.tokens.checked_mul(r.top_k).ok_or_else(|| Error::unsupported("params.routing.tokens", "overflow"))?;
+        to_i32("params.routing.tokens x top_k", pairs)?;
+        // Weight rows (2n for gate/up) are indexed with 64-bit strides; only the row index itself
+        // must fit an int.
+        to_i32("params.n x 2", p.n.saturating_mul(2))?;
+        // One block per M-block: keep grid.x * 256 threads within every vendor's 2^32 limit.
+        if r.num_blocks().is_none_or(|b| b > 1 << 24) {
+            return Err(Error::unsupported("params.routing.block_m", "more than 2^24 M-blocks; use a larger block_m"));
+        }
+        if p.n.div_ceil(TILE_N) > 65_535 {
+            return Err(Error::unsupported("params.n", format!("{} needs more than 65535 column tiles", p.n)));
+        }
+        Ok(())
+    }
+
+    fn run(&self, plan: &MoeGemmPlan, args: MoeGemmArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<()> {
+        plan.check_args(self, &args)?;
+        check_workspace(self, ws.as_deref(), MoeGroupedGemm::workspace_size(self, plan))?;
+        MoeGroupedGemm::supports(self, &plan.params)?;
+        let p = &plan.params;
+        let r = &p.routing;
+        if plan.pairs == 0 {
+            return Ok(());
+        }
+        let out = &args.out.layout;
+        let out_ptr = self.ptr(&*args.out.buf, out);
+
+        // Rows of pairs no block serves (dropped by an expert map) must read zero.
+        let mut z = KernelArgs::new();
+        arg(&mut z, out_ptr);
+        arg(&mut z, dtype_code(out.dtype));
+        arg(&mut z, out.strides[0] as i64);
+        arg(&mut z, out.strides[1] as i64);
+        arg(&mut z, plan.pairs as i64);
+        arg(&mut z, to_i32("params.n", p.n)?);
+        let numel = plan.pairs.saturating_mul(p.n);
+        self.launch("moe_gemm_zero_rows", LaunchConfig::new(blocks_for(numel, THREADS as usize), THREADS, 0), &mut z, stream)?;
+
+        let (inp, w) = (&args.input.layout, &args.weight.layout);
+        let mut a = KernelArgs::new();
+        arg(&mut a, self.ptr(args.input.buf, inp));
+        arg(&mut a, dtype_code(inp.dtype));
+        arg(&mut a, inp.strides[0] as i64);
+        arg(&mut a, inp.strides[1] as i64);
+        arg(&mut a, self.ptr(args.weight.buf, w));
+        arg(&mut a, dtype_code(w.dtype));
+        for &s in &w.strides[..3] {
+            arg(&mut a, s as i64);
+        }
+        match (p.weights, &args.weight_scale) {
+            (MoeWeightFormat::Mxfp4, Some(s)) => {
+                arg(&mut a, self.ptr(s.buf, &s.layout));
+                for &st in &s.layout.strides[..3] {
+                    arg(&mut a, st as i64);
+                }
+            }
+            (MoeWeightFormat::Mxfp4, None) => return Err(Error::invalid("weight_scale", "required for MXFP4 weights")),
+            (MoeWeightFormat::Dense, _) => {
+                arg(&mut a, DevicePtr(0));
+                for _ in 0..3 {
+                    arg(&mut a, 0i64);
+                }
+            }
+        }
+        arg(&mut a, self.ptr(args.sorted_token_ids.buf, &args.sorted_token_ids.layout));
+        arg(&mut a, args.sorted_token_ids.layout.strides[0] as i64);
+        arg(&mut a, self.ptr(args.expert_ids.buf, &args.expert_ids.layout));
+        arg(&mut a, args.expert_ids.layout.strides[0] as i64);
+        arg(&mut a, self.ptr(args.num_tokens_post_padded.buf, &args.num_tokens_post_padded.layout));
+        match &args.topk_weights {
+            Some(t) => {
+                arg(&mut a, self.ptr(t.buf, &t.layout));
+                arg(&mut a, t.layout.strides[0] as i64);
+                arg(&mut a, t.layout.strides[1] as i64);
+            }
+            None => {
+                arg(&mut a, DevicePtr(0));
+                arg(&mut a, 0i64);
+                arg(&mut a, 0i64);
+            }
+        }
+        arg(&mut a, out_ptr);
+        arg(&mut a, dtype_code(out.dtype));
+        arg(&mut a, out.strides[0] as i64);
+        arg(&mut a, out.strides[1] as i64);
+        arg(&mut a, to_i32("pairs", plan.pairs)?);
+        arg(&mut a, to_i32("params.routing.top_k", r.top_k)?);
+        arg(&mut a, to_i32("params.routing.experts", r.experts)?);
+        arg(&mut a, to_i32("params.routing.block_m", r.block_m)?);
+        arg(&mut a, to_i32("params.k", p.k)?);
+        arg(&mut a, to_i32("params.n", p.n)?);
+        arg(&mut a, to_i32("max_padded", plan.max_padded)?);
+        let (gate_up, beta, linear_beta) = match p.stage {
+            MoeGemmStage::GateUp { beta, linear_beta } => (1i32, beta, linear_beta.unwrap_or(0.0)),
+            MoeGemmStage::Down => (0i32, 0.0f32, 0.0f32),
+        };
+        arg(&mut a, gate_up);
+        arg(&mut a, beta);
+        arg(&mut a, linear_beta);
+        arg(&mut a, i32::from(p.activation_quant == Some(MoeActivationQuant::Mxfp8)));
+        let grid = (
+            u32::try_from(plan.num_blocks).map_err(|_| Error::unsupported("params.routing", "too many M-blocks"))?,
+            p.n.div_ceil(TILE_N) as u32,
+        );
+        self.launch("moe_gemm_grouped", LaunchConfig::new(grid, THREADS, 0), &mut a, stream)
+    }
+}
+
+impl<R: Runtime> MoeCombine for GpuBackend<R> {
+    fn supports(&self, p: &MoeCombineParams) -> Result<()> {
+        to_i32("params.tokens", p.tokens)?;
+        to_i32("params.hidden", p.hidden)?;
+        to_i32("params.top_k", p.top_k)?;
+        to_i32("params.tokens x top_k", p.tokens.saturating_mul(p.top_k))?;
+        Ok(())
+    }
+
+    fn run(&self, plan: &MoeCombinePlan, args: MoeCombineArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<()> {
+        plan.check_args(self, &args)?;
+        check_workspace(self, ws.as_deref(), MoeCombine::workspace_size(self, plan))?;
+        MoeCombine::supports(self, &plan.params)?;
+        let p = &plan.params;
+        if p.tokens == 0 {
+            return Ok(());
+        }
+        let (y, out) = (&args.y.layout, &args.out.layout);
+        let mut a = KernelArgs::new();
+        arg(&mut a, self.ptr(args.y.buf, y));
+        arg(&mut a, y.strides[0] as i64);
+        arg(&mut a, y.strides[1] as i64);
+        arg(&mut a, self.ptr(&*args.out.buf, out));
+        arg(&mut a, dtype_code(out.dtype));
+        arg(&mut a, out.strides[0] as i64);
+        arg(&mut a, out.strides[1] as i64);
+        arg(&mut a, to_i32("params.tokens", p.tokens)?);
+        arg(&mut a, to_i32("params.top_k", p.top_k)?);
+        arg(&mut a, to_i32("params.hidden", p.hidden)?);
+        self.launch("moe_combine_sum", LaunchConfig::new(blocks_for(p.tokens, 1), THREADS, 0), &mut a, stream)
+    }
+}
