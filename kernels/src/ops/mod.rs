@@ -2,6 +2,8 @@
 //! [`crate::GpuBackend`] over any runtime. `run` re-checks the arguments against the plan (no
 //! device data is read), then launches from the plan's metadata only.
 
+mod causal_conv1d;
+mod kda_decode;
 mod lse_merge;
 mod pending;
 mod tensor_ops;
