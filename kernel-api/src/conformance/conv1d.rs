@@ -261,7 +261,8 @@ fn out_tol(dt: DType) -> Tolerance {
     Tolerance::for_dtype(dt)
 }
 
-/// Varlen conv vs the naive oracle: empty sequences, sequences shorter than W-1, every state
+/// Varlen conv vs the naive oracle: empty sequences, sequences shorter than W-1, sequences
+/// longer than a GPU time tile, every state
 /// flag combination, f32/bf16 inputs, states and outputs, strided rows, transposed pool and
 /// weight storage, i32/i64 offsets, explicit or implicit state indices. The pool is compared
 /// exactly (it only moves inputs, rounded once to its dtype).
@@ -274,6 +275,10 @@ pub fn conv1d_matches_oracle_varlen<B: Backend + CausalConv1d>(b: &B) {
         (6, 2, &[1, 4]),
         (5, 3, &[0, 0]),
         (12, 4, &[2, 1, 1, 6]),
+        // Long sequences: GPU kernels tile time (the SIMT/CUDA kernel in chunks of 64 tokens),
+        // so chunk boundaries, a chunk reaching back into x, and the final state of a
+        // multi-chunk sequence must be covered too.
+        (5, 4, &[130, 0, 64, 3]),
     ];
     for _round in 0..4 {
         for &(d, w, lens) in shapes {

@@ -2,9 +2,11 @@
 //! [`crate::GpuBackend`] over any runtime. `run` re-checks the arguments against the plan (no
 //! device data is read), then launches from the plan's metadata only.
 
+mod causal_conv1d;
 mod dense_elementwise;
 mod dense_gemm;
 mod dense_norm;
+mod kda_decode;
 mod lse_merge;
 mod moe_align;
 mod moe_gemm;

@@ -33,6 +33,4 @@ pending! {
     MlaPrefillAbsorbed, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaPrefillAbsorbedArgs, "mla_prefill_absorbed";
     KdaGate, KdaGateParams, KdaGatePlan, KdaGateArgs, "kda_gate";
     KdaPrefill, KdaPrefillParams, KdaPrefillPlan, KdaPrefillArgs, "kda_prefill";
-    KdaDecode, KdaDecodeParams, KdaDecodePlan, KdaDecodeArgs, "kda_decode";
-    CausalConv1d, CausalConv1dParams, CausalConv1dPlan, CausalConv1dArgs, "causal_conv1d";
 }
