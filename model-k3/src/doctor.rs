@@ -135,9 +135,27 @@ fn compiled_features() -> Vec<&'static str> {
 fn backend_statuses() -> Vec<BackendStatus> {
     vec![
         BackendStatus { name: "cpu", available: true, reason: "CPU reference, always present".into() },
+        simt_status("simt32", 32),
+        simt_status("simt64", 64),
         BackendStatus { name: "cuda", available: false, reason: "no CUDA backend exists in this build yet".into() },
         BackendStatus { name: "rocm", available: false, reason: "no ROCm backend exists in this build yet".into() },
     ]
+}
+
+fn simt_status(name: &'static str, warp: u32) -> BackendStatus {
+    match k3_backend_simt::SimtRuntime::new(warp) {
+        Ok(_) => BackendStatus {
+            name,
+            available: true,
+            reason: format!(
+                "SIMT emulator, warp {warp}, {} kernels compiled in, {} context switch{}",
+                k3_backend_simt::kernels().len(),
+                k3_backend_simt::context_backend(),
+                if k3_backend_simt::asan_enabled() { ", AddressSanitizer build" } else { "" }
+            ),
+        },
+        Err(e) => BackendStatus { name, available: false, reason: e.to_string() },
+    }
 }
 
 fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
@@ -158,7 +176,19 @@ pub fn run_doctor(backend: &str) -> DoctorReport {
         stages: Vec::new(),
     };
     match backend {
-        "cpu" => staged_checks(&mut r, CpuBackend::new),
+        "cpu" => staged_checks(&mut r, || Ok(CpuBackend::new()), || Ok("host code: no kernel binaries to load".into())),
+        "simt32" | "simt64" => {
+            let warp = if backend == "simt32" { 32 } else { 64 };
+            let kernels = || {
+                let n = k3_backend_simt::kernels().len();
+                if n == 0 {
+                    Err("no kernels compiled into the emulator".to_string())
+                } else {
+                    Ok(format!("{n} kernels registered (kernels/csrc built for the host at warp 32 and 64)"))
+                }
+            };
+            staged_checks(&mut r, move || k3_backend_simt::simt_backend(warp).map_err(|e| e.to_string()), kernels)
+        }
         other => {
             let why = r.backends.iter().find(|b| b.name == other).map(|b| b.reason.clone()).unwrap_or_else(|| format!("unknown backend `{other}`"));
             r.stages.push(Stage { name: "backend init", outcome: Outcome::Fail(why), detail: String::new() });
@@ -170,7 +200,11 @@ pub fn run_doctor(backend: &str) -> DoctorReport {
     r
 }
 
-fn staged_checks<B: ModelBackend + kernel_api::conformance::AllOps>(r: &mut DoctorReport, make: impl Fn() -> B) {
+fn staged_checks<B: ModelBackend + kernel_api::conformance::AllOps>(
+    r: &mut DoctorReport,
+    make: impl Fn() -> Result<B, String>,
+    kernel_load: impl FnOnce() -> Result<String, String>,
+) {
     let mut failed = false;
     let push = |r: &mut DoctorReport, name: &'static str, res: Result<String, String>, failed: &mut bool| {
         let (outcome, detail) = if *failed {
@@ -186,28 +220,51 @@ fn staged_checks<B: ModelBackend + kernel_api::conformance::AllOps>(r: &mut Doct
         };
         r.stages.push(Stage { name, outcome, detail });
     };
-    let b = make();
+    let b = match make() {
+        Ok(b) => b,
+        Err(e) => {
+            push(r, "backend init", Err(e), &mut failed);
+            for name in ["kernel load", "per-op smoke conformance", "tiny model load", "one fixed request"] {
+                push(r, name, Err(String::new()), &mut failed);
+            }
+            return;
+        }
+    };
     let info = b.device_info().clone();
     push(r, "backend init", Ok(format!("{} on {}, {} compute units", info.name, info.arch, info.compute_units)), &mut failed);
-    push(r, "kernel load", Ok("host code: no kernel binaries to load".into()), &mut failed);
+    push(r, "kernel load", kernel_load(), &mut failed);
     let smoke = if failed {
         Err(String::new())
     } else {
         guarded(|| {
             let tests = kernel_api::conformance::all_tests::<B>();
-            let mut bad = Vec::new();
-            for (_op, name, f) in &tests {
+            // Failing tests panic (they are test bodies); keep their messages out of the report's
+            // stderr and summarise them instead.
+            let hook = std::panic::take_hook();
+            std::panic::set_hook(Box::new(|_| {}));
+            let mut bad: Vec<(String, String)> = Vec::new();
+            for (op, name, f) in &tests {
                 if let Err(e) = guarded(|| {
                     f(&b);
                     Ok(())
                 }) {
-                    bad.push(format!("{name}: {e}"));
+                    bad.push((format!("{op}/{name}"), e));
                 }
             }
+            std::panic::set_hook(hook);
             if bad.is_empty() {
                 Ok(format!("{} conformance tests passed", tests.len()))
             } else {
-                Err(bad.join("; "))
+                let first: String = bad[0].1.lines().next().unwrap_or("").chars().take(240).collect();
+                let names: Vec<&str> = bad.iter().take(6).map(|(n, _)| n.as_str()).collect();
+                Err(format!(
+                    "{} of {} conformance tests failed ({}{}); first: {}: {first}",
+                    bad.len(),
+                    tests.len(),
+                    names.join(", "),
+                    if bad.len() > names.len() { ", ..." } else { "" },
+                    bad[0].0
+                ))
             }
         })
     };
@@ -219,7 +276,7 @@ fn staged_checks<B: ModelBackend + kernel_api::conformance::AllOps>(r: &mut Doct
     } else {
         guarded(|| {
             write_tiny_checkpoint(&dir, 7, false).map_err(|e| e.to_string())?;
-            load_model(&dir, make(), opts.clone(), &mut |_, _| {}).map_err(|e| e.to_string())
+            load_model(&dir, make()?, opts.clone(), &mut |_, _| {}).map_err(|e| e.to_string())
         })
     };
     let loaded = model.as_ref().map(|m| format!("{} layers", m.cfg.num_layers)).map_err(|e| e.clone());

@@ -218,3 +218,13 @@ fn every_layer_matters() {
         assert!(s.rms > 10.0 * 1e-5f32.sqrt(), "layer {} {} rms {:.3e} is near the norm epsilon", s.layer, s.what, s.rms);
     }
 }
+
+#[test]
+fn doctor_passes_on_the_cpu_backend() {
+    let r = model_k3::doctor::run_doctor("cpu");
+    assert!(r.ok(), "{r}");
+    let j: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+    assert_eq!(j["ok"], true);
+    let bad = model_k3::doctor::run_doctor("no-such-backend");
+    assert_eq!(bad.first_failure().map(|s| s.name), Some("backend init"));
+}

@@ -21,9 +21,27 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// Runs `$body` with `$b` bound to the named backend (each arm is its own type, so the generic
+/// model code is instantiated per backend).
+macro_rules! with_backend {
+    ($name:expr, |$b:ident| $body:expr) => {
+        match $name {
+            "cpu" => {
+                let $b = CpuBackend::new();
+                $body
+            }
+            "simt32" | "simt64" => match k3_backend_simt::simt_backend(if $name == "simt32" { 32 } else { 64 }) {
+                Ok($b) => $body,
+                Err(e) => fail(e),
+            },
+            other => fail(format!("backend `{other}` is not available in this build (available: cpu, simt32, simt64)")),
+        }
+    };
+}
+
 #[derive(clap::Args, Clone)]
 struct BackendArg {
-    /// Backend to run on (`cpu`); defaults to $K3_BACKEND, else `cpu`.
+    /// Backend to run on (`cpu`, `simt32`, `simt64`); defaults to $K3_BACKEND, else `cpu`.
     #[arg(long)]
     backend: Option<String>,
 }
@@ -133,20 +151,14 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(e),
         },
-        Cmd::Demo { model, max_new_tokens, backend } => match backend.name().as_str() {
-            "cpu" => demo(&model, max_new_tokens, CpuBackend::new()),
-            other => fail(format!("backend `{other}` is not available in this build (available: cpu)")),
-        },
+        Cmd::Demo { model, max_new_tokens, backend } => with_backend!(backend.name().as_str(), |b| demo(&model, max_new_tokens, b)),
         Cmd::Run { model, prompt_ids, max_new_tokens, kv_cache_dtype, kv_scale, chunk, logits_out, backend } => {
             let fmt = match KvCacheFormat::parse(&kv_cache_dtype) {
                 Ok(f) => f,
                 Err(e) => return fail(e),
             };
             let opts = ModelOptions { kv_format: fmt, kv_scale, ..run_options(prompt_ids.len() + max_new_tokens) };
-            match backend.name().as_str() {
-                "cpu" => run(&model, &prompt_ids, max_new_tokens, chunk, opts, logits_out.as_deref(), CpuBackend::new()),
-                other => fail(format!("backend `{other}` is not available in this build (available: cpu)")),
-            }
+            with_backend!(backend.name().as_str(), |b| run(&model, &prompt_ids, max_new_tokens, chunk, opts, logits_out.as_deref(), b))
         }
         Cmd::Op { name, inputs, params, outputs, backend } => {
             let result = match backend.name().as_str() {
