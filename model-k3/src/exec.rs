@@ -14,54 +14,21 @@ use kernel_api::ops::{
 };
 use kernel_api::{Backend, BackendExt, DType, DeviceTensor, Layout, Result, TensorMut, TensorRef};
 
-/// Every op the model runner uses.
-pub trait ModelBackend:
-    Backend
-    + Gemm
-    + RmsNorm
-    + GatedRmsNorm
-    + AttnResMix
-    + SituGlu
-    + SigmoidGate
-    + EmbeddingGather
-    + CopyCast
-    + AddAssign
-    + CausalConv1d
-    + KdaPrefill
-    + KdaDecode
-    + MlaCacheWrite
-    + MlaPrefillAbsorbed
-    + MlaDecode
-    + MoeRouter
-    + MoeAlign
-    + MoeGroupedGemm
-    + MoeCombine
-{
+/// Declares a trait alias for a list of op traits: the trait and its blanket impl.
+macro_rules! op_set {
+    ($(#[$doc:meta])* $name:ident: $($t:path),+ $(,)?) => {
+        $(#[$doc])*
+        pub trait $name: Backend $(+ $t)+ {}
+        impl<T: Backend $(+ $t)+> $name for T {}
+    };
 }
 
-impl<T> ModelBackend for T where
-    T: Backend
-        + Gemm
-        + RmsNorm
-        + GatedRmsNorm
-        + AttnResMix
-        + SituGlu
-        + SigmoidGate
-        + EmbeddingGather
-        + CopyCast
-        + AddAssign
-        + CausalConv1d
-        + KdaPrefill
-        + KdaDecode
-        + MlaCacheWrite
-        + MlaPrefillAbsorbed
-        + MlaDecode
-        + MoeRouter
-        + MoeAlign
-        + MoeGroupedGemm
-        + MoeCombine
-{
-}
+op_set!(
+    /// Every op the model runner uses.
+    ModelBackend: Gemm, RmsNorm, GatedRmsNorm, AttnResMix, SituGlu, SigmoidGate, EmbeddingGather, CopyCast, AddAssign,
+    CausalConv1d, KdaPrefill, KdaDecode, MlaCacheWrite, MlaPrefillAbsorbed, MlaDecode, MoeRouter, MoeAlign,
+    MoeGroupedGemm, MoeCombine,
+);
 
 /// A view into a device tensor's buffer with another layout (offset/strides in elements).
 pub fn view<'a, B: Backend>(t: &'a DeviceTensor<B>, shape: &[usize], strides: &[usize], offset: usize) -> TensorRef<'a, B> {
