@@ -2,6 +2,7 @@
 //! [`crate::GpuBackend`] over any runtime. `run` re-checks the arguments against the plan (no
 //! device data is read), then launches from the plan's metadata only.
 
+mod kda;
 mod lse_merge;
 mod pending;
 mod tensor_ops;

@@ -11,7 +11,6 @@ use kernel_api::ops::elementwise::{
     SigmoidGateParams, SigmoidGatePlan, SituGlu, SituGluArgs, SituGluParams, SituGluPlan,
 };
 use kernel_api::ops::gemm::{Gemm, GemmArgs, GemmParams, GemmPlan};
-use kernel_api::ops::kda_gate::{KdaGate, KdaGateArgs, KdaGateParams, KdaGatePlan};
 use kernel_api::ops::norm::{
     GatedRmsNorm, GatedRmsNormArgs, GatedRmsNormParams, GatedRmsNormPlan, L2Norm, L2NormArgs, L2NormParams, L2NormPlan,
     RmsNorm, RmsNormArgs, RmsNormParams, RmsNormPlan,
@@ -49,8 +48,6 @@ pending! {
     MlaCacheWrite, MlaCacheWriteParams, MlaCacheWritePlan, MlaCacheWriteArgs, "mla_cache_write";
     MlaDecode, MlaDecodeParams, MlaDecodePlan, MlaDecodeArgs, "mla_decode";
     MlaPrefillAbsorbed, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaPrefillAbsorbedArgs, "mla_prefill_absorbed";
-    KdaGate, KdaGateParams, KdaGatePlan, KdaGateArgs, "kda_gate";
-    KdaPrefill, KdaPrefillParams, KdaPrefillPlan, KdaPrefillArgs, "kda_prefill";
     KdaDecode, KdaDecodeParams, KdaDecodePlan, KdaDecodeArgs, "kda_decode";
     CausalConv1d, CausalConv1dParams, CausalConv1dPlan, CausalConv1dArgs, "causal_conv1d";
     MoeRouter, MoeRouterParams, MoeRouterPlan, MoeRouterArgs, "moe_router";
