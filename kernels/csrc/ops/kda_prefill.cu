@@ -6,7 +6,7 @@
 //   kda_prefill_prepare      K1, grid (chunks, H), token-parallel: gate, q/k L2 norm, β, the
 //                            cumulative log-decay G inside the chunk, the intra-chunk matrices
 //                            L = β_i·Σ_d k_i k_j e^{G_i−G_j} (j < i) and A_qk = Σ_d q_i k_j
-//                            e^{G_i−G_j} (j ≤ i), X = (I + L)^-1 Diag(β) by forward substitution,
+//                            e^{G_i−G_j} (j ≤ i) (tensor-core tiles off the diagonal), X = (I + L)^-1 Diag(β) by forward substitution,
 //                            w = X (e^G ⊙ k), u = X v, and the decayed q and k that K2 applies.
 //   kda_prefill_recurrence   K2, grid (V splits, H, N): the chunk-to-chunk recurrence with the
 //                            state slice in shared memory; outputs, checkpoints, final state.
@@ -24,6 +24,16 @@
 
 // The largest chunk (kernel-api KDA_CHUNK_SIZES); K1 keeps one column of a chunk in registers.
 #define KDA_MAX_CHUNK 64
+
+// The target's bf16 MMA tile (16x8x16 mma.sync at warp 32, 16x16x16 MFMA at warp 64).
+typedef k3::mma::Bf16Shape KdaMma;
+
+// x ≈ hi + lo in bf16 bit patterns, |x − hi − lo| ≲ 2^-17·|x|.
+K3_DEVICE void kda_split_bf16(float x, uint16_t& hi, uint16_t& lo) {
+  const k3::bf16 h = k3::f32_to_bf16(x);
+  hi = h.bits;
+  lo = k3::f32_to_bf16(x - k3::bf16_to_f32(h)).bits;
+}
 
 // Chunks of sequence n (tokens t0 .. t0+len); with `desc` also writes their descriptors
 // (first token, length, checkpoint entry or −1, n) from index `base`. Mirrors
@@ -166,9 +176,11 @@ K3_KERNEL void kda_prefill_prepare(const void* q, int q_dt, int64_t q_st, int64_
   }
   k3::sync_threads();
 
-  // C: L (j < i, scaled by β_i) and A_qk (j ≤ i), relative decays only.
-  for (int p = tid; p < len * len; p += nt) {
-    const int i = p / len, j = p % len;
+  // C: L (j < i, scaled by β_i) and A_qk (j ≤ i), relative decays only. The chunk is cut into
+  // 16-token blocks. Diagonal blocks: one thread per pair, e^{G_i − G_j} per channel (f32).
+  const int nblk = (len + 15) / 16;
+  for (int p = tid; p < len * 16; p += nt) {
+    const int i = p / 16, j = (i / 16) * 16 + p % 16;
     if (j > i) continue;
     const float* ri = KDA_ROW(i);
     const float* rj = KDA_ROW(j);
@@ -180,6 +192,68 @@ K3_KERNEL void kda_prefill_prepare(const void* q, int q_dt, int64_t q_st, int64_
     }
     if (j < i) lmat[i * chunk + j] = bsh[i] * kk;
     KDA_ROW(i)[ga + j] = qk;
+  }
+  // Blocks below the diagonal (row block I > column block J): tensor-core products. With r the
+  // last token of block J, e^{G_i − G_j} = e^{G_i − G_r}·e^{G_r − G_j} and both factors are ≤ 1
+  // (i > r ≥ j), so the row operands k̂_i ⊙ e^{G_i − G_r}, q̂_i ⊙ e^{G_i − G_r} and the column
+  // operand k̂_j ⊙ e^{G_r − G_j} never overflow. Operands are split into bf16 hi + lo parts and
+  // multiplied as hi·hi + (hi·lo + lo·hi) with f32 accumulation (~2^-16 relative per product,
+  // the accuracy the f32 contract needs). One warp per block pair.
+  for (int pi = wid; pi < nblk * (nblk - 1) / 2; pi += warps) {
+    int bi = 1, bj = pi;
+    while (bj >= bi) {
+      bj -= bi;
+      ++bi;
+    }
+    const float* rr = KDA_ROW(16 * bj + 15);
+    for (int nb = 0; nb < 16; nb += KdaMma::N) {
+      k3::mma::FragC<KdaMma> kk_hi, kk_lo, qk_hi, qk_lo;
+      k3::mma::fill(kk_hi, 0.0f);
+      k3::mma::fill(kk_lo, 0.0f);
+      k3::mma::fill(qk_hi, 0.0f);
+      k3::mma::fill(qk_lo, 0.0f);
+      for (int k0 = 0; k0 < kd; k0 += KdaMma::K) {
+        k3::mma::FragA<KdaMma> ka_hi, ka_lo, qa_hi, qa_lo;
+        k3::mma::FragB<KdaMma> b_hi, b_lo;
+        for (int sl = 0; sl < KdaMma::kASlots; ++sl) {
+          const k3::mma::RC rc = k3::mma::a_coord<KdaMma>(sl);
+          const int i = 16 * bi + rc.row, d = k0 + rc.col;
+          float kv = 0.0f, qv = 0.0f;
+          if (i < len && d < kd) {
+            const float* ri = KDA_ROW(i);
+            const float e = k3::exp_f32(ri[gg + d] - rr[gg + d]);
+            kv = ri[gk + d] * e;
+            qv = ri[gq + d] * e;
+          }
+          kda_split_bf16(kv, ka_hi.x[sl], ka_lo.x[sl]);
+          kda_split_bf16(qv, qa_hi.x[sl], qa_lo.x[sl]);
+        }
+        for (int sl = 0; sl < KdaMma::kBSlots; ++sl) {
+          const k3::mma::RC rc = k3::mma::b_coord<KdaMma>(sl);
+          const int d = k0 + rc.row, j = 16 * bj + nb + rc.col;
+          float bv = 0.0f;
+          if (d < kd) {
+            const float* rj = KDA_ROW(j);
+            bv = rj[gk + d] * k3::exp_f32(rr[gg + d] - rj[gg + d]);
+          }
+          kda_split_bf16(bv, b_hi.x[sl], b_lo.x[sl]);
+        }
+        k3::mma::mma_sync(kk_hi, ka_hi, b_hi, kk_hi);
+        k3::mma::mma_sync(kk_lo, ka_hi, b_lo, kk_lo);
+        k3::mma::mma_sync(kk_lo, ka_lo, b_hi, kk_lo);
+        k3::mma::mma_sync(qk_hi, qa_hi, b_hi, qk_hi);
+        k3::mma::mma_sync(qk_lo, qa_hi, b_lo, qk_lo);
+        k3::mma::mma_sync(qk_lo, qa_lo, b_hi, qk_lo);
+      }
+      for (int sl = 0; sl < KdaMma::kCSlots; ++sl) {
+        const k3::mma::RC rc = k3::mma::c_coord<KdaMma>(sl);
+        const int i = 16 * bi + rc.row, j = 16 * bj + nb + rc.col;
+        if (i < len) {
+          lmat[i * chunk + j] = bsh[i] * (kk_hi.x[sl] + kk_lo.x[sl]);
+          KDA_ROW(i)[ga + j] = qk_hi.x[sl] + qk_lo.x[sl];
+        }
+      }
+    }
   }
   k3::sync_threads();
 
