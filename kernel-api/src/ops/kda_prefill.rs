@@ -480,3 +480,24 @@ pub trait KdaPrefill: Backend {
         stream: &Self::Stream,
     ) -> Result<()>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_counts_chunks_and_token_rows() {
+        let p = KdaPrefillParams { chunk_size: 16, ..KdaPrefillParams::k3_defaults(3, 8, 4) };
+        let cu = [0i64, 37, 37, 50];
+        let ck = [7i64, -1, -1, -1, 13, -1];
+        let batch = KdaPrefillBatch { cu_seqlens: &cu, state_indices: None, checkpoints: Some(KdaCheckpointOffsets { per_seq: 2, offsets: &ck }) };
+        let plan = KdaPrefillPlan::new(&p, &batch).unwrap();
+        // Sequence 0: 7 | 16 16 (restart at 7), then 14 tokens: 0..7, 7..23, 23..37; sequence 2: 13.
+        assert_eq!(plan.chunks(0), vec![0..7, 7..23, 23..37]);
+        let w = plan.workspace;
+        assert_eq!(w.chunks, 4);
+        assert_eq!(w.floats_per_token, 4 * 8 + 4 + 16);
+        assert_eq!((w.seq_chunk_offset, w.token_rows_offset), (256, 512));
+        assert_eq!(plan.workspace_bytes(), 512 + 50 * 3 * w.floats_per_token * 4);
+    }
+}

@@ -306,9 +306,10 @@ K3_DEVICE int64_t kda_state_pos(int v_major, int d, int col, int64_t row_stride)
 }
 
 // K2. Block (split s, head h, sequence n) owns value columns [s·vb, s·vb + vb) of the state;
-// columns are independent, so splits need no reduction. Dynamic shared memory: S [K][vb],
-// v' [C][vb], e^{G_last} [K] (f32). The element loops map consecutive threads to consecutive
-// addresses of the pool's layout (d innermost for V-major, the column innermost for K-major).
+// columns are independent, so splits need no reduction. Dynamic shared memory: S [K][vb + 1]
+// (padded rows), v' [C][vb], e^{G_last} [K] (f32). The element loops map consecutive threads to
+// consecutive addresses of the pool's layout (d innermost for V-major, the column innermost for
+// K-major).
 K3_KERNEL void kda_prefill_recurrence(const int* desc, const int* seq_base, const float* rows, void* pool,
                                       int pool_dt, int64_t p_ss, int64_t p_sh, int64_t p_sr, const void* slots,
                                       int slots_dt, float* ck_state, int64_t c_sn, int64_t c_sc, int64_t c_sh,
@@ -322,8 +323,10 @@ K3_KERNEL void kda_prefill_recurrence(const int* desc, const int* seq_base, cons
   const int n = static_cast<int>(k3::block_idx_z());
   const int cols = vd - v0 < vb ? vd - v0 : vb;
   if (cols <= 0) return;
+  // S rows are padded by one float so that V-major element loops (d innermost) hit distinct banks.
+  const int ld = vb + 1;
   float* s = k3::dynamic_shared<float>();
-  float* vn = s + kd * vb;
+  float* vn = s + kd * ld;
   float* gam = vn + chunk * vb;
   const int gq = 0, gk = kd, gg = 2 * kd, gw = 3 * kd, gu = 4 * kd, ga = 4 * kd + vd;
   const int64_t slot = slots != nullptr ? k3::load_index(slots, slots_dt, n) : n;
@@ -337,7 +340,7 @@ K3_KERNEL void kda_prefill_recurrence(const int* desc, const int* seq_base, cons
 
   for (int e = tid; e < elems; e += nt) {
     KDA_ELEM(e, d, j)
-    s[d * vb + j] = read_initial && has_pool
+    s[d * ld + j] = read_initial && has_pool
                         ? k3::load_f32(pool, pool_dt, head_base + kda_state_pos(v_major, d, v0 + j, p_sr))
                         : 0.0f;
   }
@@ -354,7 +357,7 @@ K3_KERNEL void kda_prefill_recurrence(const int* desc, const int* seq_base, cons
       const int i = p / cols, j = p % cols;
       const float* ri = KDA_ROW(i);
       float acc = ri[gu + v0 + j];
-      for (int d = 0; d < kd; ++d) acc -= ri[gw + d] * s[d * vb + j];
+      for (int d = 0; d < kd; ++d) acc -= ri[gw + d] * s[d * ld + j];
       vn[i * vb + j] = acc;
     }
     for (int d = tid; d < kd; d += nt) gam[d] = k3::exp_f32(KDA_ROW(len - 1)[gg + d]);
@@ -364,7 +367,7 @@ K3_KERNEL void kda_prefill_recurrence(const int* desc, const int* seq_base, cons
       const int i = p / cols, j = p % cols;
       const float* ri = KDA_ROW(i);
       float acc = 0.0f;
-      for (int d = 0; d < kd; ++d) acc += ri[gq + d] * s[d * vb + j];
+      for (int d = 0; d < kd; ++d) acc += ri[gq + d] * s[d * ld + j];
       for (int m = 0; m <= i; ++m) acc += ri[ga + m] * vn[m * vb + j];
       k3::store_f32(out, out_dt, static_cast<int64_t>(t0 + i) * o_st + h * o_sh + v0 + j, acc);
     }
@@ -372,9 +375,9 @@ K3_KERNEL void kda_prefill_recurrence(const int* desc, const int* seq_base, cons
     // S ← Diag(e^{G_last}) S + Σ_m (k̂_m ⊙ e^{G_last − G_m}) v'_mᵀ; checkpoint at the chunk end.
     for (int e = tid; e < elems; e += nt) {
       KDA_ELEM(e, d, j)
-      float acc = s[d * vb + j] * gam[d];
+      float acc = s[d * ld + j] * gam[d];
       for (int m = 0; m < len; ++m) acc += KDA_ROW(m)[gk + d] * vn[m * vb + j];
-      s[d * vb + j] = acc;
+      s[d * ld + j] = acc;
       if (entry >= 0) {
         const int64_t base = (entry / per_seq) * c_sn + (entry % per_seq) * c_sc + h * c_sh;
         ck_state[base + kda_state_pos(v_major, d, v0 + j, c_sr)] = acc;
@@ -387,7 +390,7 @@ K3_KERNEL void kda_prefill_recurrence(const int* desc, const int* seq_base, cons
   if (write_final && has_pool) {
     for (int e = tid; e < elems; e += nt) {
       KDA_ELEM(e, d, j)
-      k3::store_f32(pool, pool_dt, head_base + kda_state_pos(v_major, d, v0 + j, p_sr), s[d * vb + j]);
+      k3::store_f32(pool, pool_dt, head_base + kda_state_pos(v_major, d, v0 + j, p_sr), s[d * ld + j]);
     }
   }
 #undef KDA_ELEM

@@ -85,9 +85,10 @@ fn prepare_shared(chunk: usize) -> usize {
     (2 * chunk * chunk + chunk) * 4
 }
 
-/// Shared-memory bytes of K2 for `vb` value columns: S `[K][vb]`, v' `[C][vb]`, e^G `[K]`, f32.
+/// Shared-memory bytes of K2 for `vb` value columns: S `[K][vb + 1]` (padded rows), v' `[C][vb]`,
+/// e^G `[K]`, f32.
 fn recurrence_shared(p: &KdaPrefillParams, vb: usize) -> usize {
-    (p.k_dim * vb + p.chunk_size * vb + p.k_dim) * 4
+    (p.k_dim * (vb + 1) + p.chunk_size * vb + p.k_dim) * 4
 }
 
 impl<R: Runtime> GpuBackend<R> {
@@ -98,19 +99,19 @@ impl<R: Runtime> GpuBackend<R> {
         }
     }
 
-    /// Value columns per K2 block: the widest slice whose state fits in shared memory, halved
-    /// (FlashKDA's V-split) when one block per (sequence, head) would leave more than half of
-    /// the compute units idle (2·H·N ≤ units). Splits never need a cross-block reduction.
+    /// Value columns per K2 block: all V when the whole state fits in shared memory, else the
+    /// widest power of two that fits; halved (FlashKDA's V-split) when one block per (sequence,
+    /// head) would leave more than half of the compute units idle (2·H·N ≤ units). Splits never
+    /// need a cross-block reduction. `supports` guarantees that one column fits.
     fn value_split(&self, p: &KdaPrefillParams, num_seqs: usize) -> usize {
         let budget = self.shared_budget() / 4;
-        let fit = budget.saturating_sub(p.k_dim) / (p.k_dim + p.chunk_size);
-        let mut splits = p.v_dim.div_ceil(fit.max(1));
+        let fit = (budget.saturating_sub(2 * p.k_dim) / (p.k_dim + p.chunk_size)).max(1);
+        let mut vb = if p.v_dim <= fit { p.v_dim } else { 1 << fit.ilog2() };
         let units = self.device_info().compute_units as usize;
-        if 2 * p.heads * num_seqs <= units {
-            splits = splits.max(2);
+        if 2 * p.heads * num_seqs <= units && vb == p.v_dim {
+            vb = p.v_dim.div_ceil(2);
         }
-        let splits = splits.min(p.v_dim).max(1);
-        p.v_dim.div_ceil(splits)
+        vb
     }
 }
 
