@@ -19,6 +19,8 @@ const GATE_THREADS: u32 = 256;
 const SCHEDULE_THREADS: u32 = 256;
 const PREPARE_THREADS: u32 = 128;
 const RECURRENCE_THREADS: u32 = 256;
+/// Largest grid y / z dimension (heads, sequences of the recurrence pass).
+const GRID_YZ: usize = 65_535;
 /// Shared memory assumed when the device does not report its per-block limit.
 const DEFAULT_SHARED: usize = 48 * 1024;
 
@@ -128,6 +130,7 @@ impl<R: Runtime> KdaPrefill for GpuBackend<R> {
             p.k_dim, p.chunk_size
         ));
         r.require(p.chunk_size <= 64, "params.chunk_size", "the prepare pass holds at most 64 tokens per column");
+        r.require(p.heads <= GRID_YZ, "params.heads", format!("{} heads exceed the {GRID_YZ} blocks of a grid's y dimension", p.heads));
         r.into_result()?;
         to_i32("params.heads", p.heads)?;
         to_i32("params.k_dim", p.k_dim)?;
@@ -155,7 +158,9 @@ impl<R: Runtime> KdaPrefill for GpuBackend<R> {
         let row_len = to_i32("params.k_dim", lay.floats_per_token)?;
         to_i32("cu_seqlens", plan.tokens)?;
         let chunks = to_i32("cu_seqlens", lay.chunks)?;
-        to_i32("cu_seqlens", n)?;
+        if n > GRID_YZ {
+            return Err(Error::unsupported("cu_seqlens", format!("{n} sequences exceed the {GRID_YZ} blocks of a grid's z dimension")));
+        }
 
         // Schedule: chunk descriptors and per-sequence chunk starts.
         let (ck_ptr, ck_dt) = match &args.checkpoint_offsets {
