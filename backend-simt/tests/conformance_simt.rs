@@ -7,7 +7,7 @@ macro_rules! simt_suite {
             kernel_api::conformance_suite!(
                 k3_backend_simt::simt_backend($warp),
                 pending = [
-                    mla_prefill, mla_cache_write, mla_decode, mla_prefill_absorbed, kda_gate, kda_prefill
+                    mla_prefill, mla_cache_write, mla_decode, mla_prefill_absorbed
                 ]
             );
         }

@@ -180,7 +180,8 @@ fn run_with(b: &CpuBackend, plan: &KdaPrefillPlan, x: &mut Tensors) -> kernel_ap
         checkpoint_state: Some(x.ck_state.as_mut()),
         out: x.out.as_mut(),
     };
-    KdaPrefill::run(b, plan, args, None, b.default_stream())
+    let mut ws = b.alloc_zeroed(KdaPrefill::workspace_size(b, plan))?;
+    KdaPrefill::run(b, plan, args, Some(&mut ws), b.default_stream())
 }
 
 /// The CPU backend reads the device metadata and rejects contents that differ from the plan.

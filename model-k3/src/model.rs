@@ -493,7 +493,8 @@ impl<B: ModelBackend> Ctx<'_, B> {
             checkpoint_state: None,
             out: o.as_mut(),
         };
-        kernel_api::ops::KdaPrefill::run(self.b, &plan, args, None, self.b.default_stream())?;
+        let mut ws = self.b.alloc_zeroed(kernel_api::ops::KdaPrefill::workspace_size(self.b, &plan))?;
+        kernel_api::ops::KdaPrefill::run(self.b, &plan, args, Some(&mut ws), self.b.default_stream())?;
         self.record("kda.o_pre_norm", &o)?;
         let y = ex.gated_rms_norm(o.as_ref(), view(&gate, &hk, &hk_strides, 0), &w.o_norm, self.cfg.rms_norm_eps)?;
         ex.gemm(reshaped(&y, &[t, p]), &w.o)

@@ -247,7 +247,8 @@ struct Outputs {
 fn try_run<B: Backend + KdaPrefill>(b: &B, pr: &Problem, cfg: RunCfg) -> Result<Outputs> {
     let plan = KdaPrefill::plan(b, &pr.params, &pr.batch())?;
     let mut d = Device::new(b, pr, cfg);
-    KdaPrefill::run(b, &plan, d.args(), None, b.default_stream())?;
+    let mut ws = b.alloc_zeroed(KdaPrefill::workspace_size(b, &plan))?;
+    KdaPrefill::run(b, &plan, d.args(), Some(&mut ws), b.default_stream())?;
     let ck = match &d.ck_state {
         Some(t) => relayout(&download_f32(b, t)?, &pr.params, true),
         None => Vec::new(),
@@ -614,7 +615,8 @@ pub fn kda_prefill_rejects_bad_input<B: Backend + KdaPrefill>(b: &B) {
         let plan = KdaPrefill::plan(b, &pr.params, &pr.batch()).unwrap();
         let mut d = Device::new(b, &pr, F32_RUN);
         f(&mut d);
-        let e = KdaPrefill::run(b, &plan, d.args(), None, b.default_stream()).expect_err("run must reject");
+        let mut ws = b.alloc_zeroed(KdaPrefill::workspace_size(b, &plan)).unwrap();
+        let e = KdaPrefill::run(b, &plan, d.args(), Some(&mut ws), b.default_stream()).expect_err("run must reject");
         e.field().map(str::to_string).unwrap_or_else(|| format!("not InvalidInput: {e}"))
     };
     let t = pr.tokens();
@@ -644,8 +646,18 @@ pub fn kda_prefill_rejects_bad_input<B: Backend + KdaPrefill>(b: &B) {
     // A missing pool while the plan reads it.
     let plan = KdaPrefill::plan(b, &pr.params, &pr.batch()).unwrap();
     let mut d = Device::new(b, &pr, F32_RUN);
+    let need = KdaPrefill::workspace_size(b, &plan);
+    let mut ws = b.alloc_zeroed(need).unwrap();
     let args = KdaPrefillArgs { state: None, ..d.args() };
-    let e = KdaPrefill::run(b, &plan, args, None, b.default_stream()).unwrap_err();
+    let e = KdaPrefill::run(b, &plan, args, Some(&mut ws), b.default_stream()).unwrap_err();
     assert_eq!(e.field(), Some("state"), "{e}");
+
+    // The workspace holds the prepare pass's results: a short or missing one is refused.
+    assert!(need > 0, "a prefill with tokens needs a workspace");
+    let mut short = b.alloc_zeroed(need - 1).unwrap();
+    let e = KdaPrefill::run(b, &plan, d.args(), Some(&mut short), b.default_stream()).unwrap_err();
+    assert_eq!(e.field(), Some("workspace"), "{e}");
+    let e = KdaPrefill::run(b, &plan, d.args(), None, b.default_stream()).unwrap_err();
+    assert_eq!(e.field(), Some("workspace"), "{e}");
 }
 

@@ -41,6 +41,12 @@
 //! The state is carried in f32 between chunks; a bf16 pool is decoded to f32 on read and rounded
 //! to bf16 once, on write-back. Gate, β and the L2 norm are f32. Output o is rounded once to its
 //! dtype.
+//!
+//! # Workspace
+//! GPU backends run the prefill as a token-parallel "prepare" pass per (chunk, head) and a
+//! recurrence pass per (sequence, head) (the FlashKDA K1/K2 split); the prepare results live in
+//! the caller's workspace, laid out as [`KdaPrefillWorkspace`] says. Every backend reports
+//! [`KdaPrefillPlan::workspace_bytes`] (the CPU reference checks the size and does not use it).
 
 use super::kda_gate::{check_gate_tensors, KdaGateMode, KdaStateLayout};
 use crate::backend::Backend;
@@ -163,6 +169,38 @@ pub struct KdaPrefillArgs<'a, B: Backend + ?Sized> {
     pub out: TensorMut<'a, B>,
 }
 
+/// Layout of the prefill workspace (all offsets in bytes, each section 256-byte aligned):
+/// - chunk descriptors `[chunks, 4]` i32: (first token of the chunk in the packed batch, its
+///   length, the flat checkpoint entry `n·C + c` written at its end or −1, sequence n), in
+///   sequence order, each sequence's chunks as [`KdaPrefillPlan::chunks`] lists them;
+/// - sequence chunk starts `[N+1]` i32: the first descriptor of each sequence (and the total);
+/// - per (token, head) f32 rows of `floats_per_token` = 4K + V + chunk_size values:
+///   `[q̂ K | k̂ K | G K | w K | u V | A_qk chunk_size]` (see the GPU kernels for their meaning).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KdaPrefillWorkspace {
+    /// Chunks of the whole batch.
+    pub chunks: usize,
+    pub chunk_desc_offset: usize,
+    pub seq_chunk_offset: usize,
+    pub token_rows_offset: usize,
+    pub floats_per_token: usize,
+    /// Total bytes.
+    pub bytes: usize,
+}
+
+impl KdaPrefillWorkspace {
+    fn new(p: &KdaPrefillParams, tokens: usize, num_seqs: usize, chunks: usize) -> Option<Self> {
+        let align = |x: usize| x.checked_add(255).map(|v| v / 256 * 256);
+        let floats_per_token = p.k_dim.checked_mul(4)?.checked_add(p.v_dim)?.checked_add(p.chunk_size)?;
+        let chunk_desc_offset = 0;
+        let seq_chunk_offset = align(chunks.checked_mul(16)?)?;
+        let token_rows_offset = align(seq_chunk_offset.checked_add(num_seqs.checked_add(1)?.checked_mul(4)?)?)?;
+        let rows = tokens.checked_mul(p.heads)?.checked_mul(floats_per_token)?.checked_mul(4)?;
+        let bytes = token_rows_offset.checked_add(rows)?;
+        Some(KdaPrefillWorkspace { chunks, chunk_desc_offset, seq_chunk_offset, token_rows_offset, floats_per_token, bytes })
+    }
+}
+
 /// A validated prefill: params plus the checked batch metadata.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KdaPrefillPlan {
@@ -179,6 +217,8 @@ pub struct KdaPrefillPlan {
     pub checkpoints_per_seq: usize,
     /// The host checkpoint offsets `[N, C]` (validated; empty when none).
     pub checkpoint_offsets: Vec<i64>,
+    /// Where the GPU passes keep their intermediate results.
+    pub workspace: KdaPrefillWorkspace,
 }
 
 fn to_usize(v: i64, field: &str) -> Result<usize> {
@@ -275,7 +315,7 @@ impl KdaPrefillPlan {
             }
         };
 
-        Ok(KdaPrefillPlan {
+        let mut plan = KdaPrefillPlan {
             params: p.clone(),
             tokens,
             num_seqs,
@@ -283,7 +323,24 @@ impl KdaPrefillPlan {
             state_indices: batch.state_indices.map(|s| s.to_vec()),
             checkpoints_per_seq: per_seq,
             checkpoint_offsets: offsets,
-        })
+            workspace: KdaPrefillWorkspace {
+                chunks: 0,
+                chunk_desc_offset: 0,
+                seq_chunk_offset: 0,
+                token_rows_offset: 0,
+                floats_per_token: 0,
+                bytes: 0,
+            },
+        };
+        let chunks: usize = (0..num_seqs).map(|n| plan.chunks(n).len()).sum();
+        plan.workspace = KdaPrefillWorkspace::new(p, tokens, num_seqs, chunks)
+            .ok_or_else(|| Error::invalid("cu_seqlens", format!("the workspace for {tokens} tokens overflows usize")))?;
+        Ok(plan)
+    }
+
+    /// Bytes of workspace the GPU passes need ([`KdaPrefillWorkspace`]).
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace.bytes
     }
 
     /// Token range of sequence n in the packed inputs.
@@ -411,8 +468,9 @@ pub trait KdaPrefill: Backend {
         KdaPrefill::supports(self, params)?;
         Ok(plan)
     }
-    fn workspace_size(&self, _plan: &KdaPrefillPlan) -> usize {
-        0
+    /// [`KdaPrefillPlan::workspace_bytes`] for every backend (the CPU reference checks it too).
+    fn workspace_size(&self, plan: &KdaPrefillPlan) -> usize {
+        plan.workspace_bytes()
     }
     fn run(
         &self,
@@ -421,4 +479,25 @@ pub trait KdaPrefill: Backend {
         workspace: Option<&mut Self::Buffer>,
         stream: &Self::Stream,
     ) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_counts_chunks_and_token_rows() {
+        let p = KdaPrefillParams { chunk_size: 16, ..KdaPrefillParams::k3_defaults(3, 8, 4) };
+        let cu = [0i64, 37, 37, 50];
+        let ck = [7i64, -1, -1, -1, 13, -1];
+        let batch = KdaPrefillBatch { cu_seqlens: &cu, state_indices: None, checkpoints: Some(KdaCheckpointOffsets { per_seq: 2, offsets: &ck }) };
+        let plan = KdaPrefillPlan::new(&p, &batch).unwrap();
+        // Sequence 0: 7 | 16 16 (restart at 7), then 14 tokens: 0..7, 7..23, 23..37; sequence 2: 13.
+        assert_eq!(plan.chunks(0), vec![0..7, 7..23, 23..37]);
+        let w = plan.workspace;
+        assert_eq!(w.chunks, 4);
+        assert_eq!(w.floats_per_token, 4 * 8 + 4 + 16);
+        assert_eq!((w.seq_chunk_offset, w.token_rows_offset), (256, 512));
+        assert_eq!(plan.workspace_bytes(), 512 + 50 * 3 * w.floats_per_token * 4);
+    }
 }

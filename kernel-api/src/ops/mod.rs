@@ -32,7 +32,8 @@ pub use kda_gate::{
     check_a_log_padding, kda_gate_value, KdaGate, KdaGateArgs, KdaGateMode, KdaGateParams, KdaGatePlan, KdaStateLayout,
 };
 pub use kda_prefill::{
-    KdaCheckpointOffsets, KdaPrefill, KdaPrefillArgs, KdaPrefillBatch, KdaPrefillParams, KdaPrefillPlan, KDA_CHUNK_SIZES,
+    KdaCheckpointOffsets, KdaPrefill, KdaPrefillArgs, KdaPrefillBatch, KdaPrefillParams, KdaPrefillPlan, KdaPrefillWorkspace,
+    KDA_CHUNK_SIZES,
     KDA_L2_EPS,
 };
 pub use conv1d::{CausalConv1d, CausalConv1dArgs, CausalConv1dBatch, CausalConv1dParams, CausalConv1dPlan, ConvActivation, HostIndices};

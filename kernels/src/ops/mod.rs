@@ -6,6 +6,7 @@ mod causal_conv1d;
 mod dense_elementwise;
 mod dense_gemm;
 mod dense_norm;
+mod kda;
 mod kda_decode;
 mod lse_merge;
 mod moe_align;

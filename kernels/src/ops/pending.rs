@@ -5,7 +5,6 @@
 
 use crate::gpu_backend::GpuBackend;
 use crate::runtime::Runtime;
-use kernel_api::ops::kda_gate::{KdaGate, KdaGateArgs, KdaGateParams, KdaGatePlan};
 use kernel_api::ops::*;
 use kernel_api::{Error, Result};
 
@@ -31,6 +30,4 @@ pending! {
     MlaCacheWrite, MlaCacheWriteParams, MlaCacheWritePlan, MlaCacheWriteArgs, "mla_cache_write";
     MlaDecode, MlaDecodeParams, MlaDecodePlan, MlaDecodeArgs, "mla_decode";
     MlaPrefillAbsorbed, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaPrefillAbsorbedArgs, "mla_prefill_absorbed";
-    KdaGate, KdaGateParams, KdaGatePlan, KdaGateArgs, "kda_gate";
-    KdaPrefill, KdaPrefillParams, KdaPrefillPlan, KdaPrefillArgs, "kda_prefill";
 }
