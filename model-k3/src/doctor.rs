@@ -135,9 +135,23 @@ fn compiled_features() -> Vec<&'static str> {
 fn backend_statuses() -> Vec<BackendStatus> {
     vec![
         BackendStatus { name: "cpu", available: true, reason: "CPU reference, always present".into() },
-        BackendStatus { name: "cuda", available: false, reason: "no CUDA backend exists in this build yet".into() },
+        cuda_status(),
         BackendStatus { name: "rocm", available: false, reason: "no ROCm backend exists in this build yet".into() },
     ]
+}
+
+/// The CUDA runtime's probe (never panics: a missing driver or device is a reason). The op
+/// backend over it is not wired into `k3` yet, so the backend itself is reported unavailable.
+fn cuda_status() -> BackendStatus {
+    #[cfg(feature = "cuda")]
+    let reason = match k3_backend_cuda::CudaRuntime::new(0) {
+        Ok(rt) => format!("CUDA runtime ready on {}; no op backend over it in this build yet", rt.summary()),
+        Err(kernel_api::Error::Unavailable { why }) => why,
+        Err(e) => e.to_string(),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let reason = "built without the `cuda` feature".to_string();
+    BackendStatus { name: "cuda", available: false, reason }
 }
 
 fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {

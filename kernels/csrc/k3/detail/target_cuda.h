@@ -37,25 +37,27 @@ K3_DEVICE unsigned warp_id() { return linear_thread_idx() / 32u; }
 K3_DEVICE void sync_threads() { __syncthreads(); }
 
 namespace detail {
+// memcpy, not __builtin_memcpy: NVRTC does not know the builtin (nvcc and NVRTC both provide
+// memcpy in device code); it compiles to register moves.
 template <class T>
 K3_DEVICE T shfl(int kind, lane_mask_t mask, T v, int arg, int width) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "warp shuffles move 4- or 8-byte values");
   if constexpr (sizeof(T) == 4) {
     int b;
-    __builtin_memcpy(&b, &v, 4);
+    memcpy(&b, &v, 4);
     b = kind == 0   ? __shfl_sync(mask, b, arg, width)
         : kind == 1 ? __shfl_up_sync(mask, b, static_cast<unsigned>(arg), width)
         : kind == 2 ? __shfl_down_sync(mask, b, static_cast<unsigned>(arg), width)
                     : __shfl_xor_sync(mask, b, arg, width);
-    __builtin_memcpy(&v, &b, 4);
+    memcpy(&v, &b, 4);
   } else {
     long long b;
-    __builtin_memcpy(&b, &v, 8);
+    memcpy(&b, &v, 8);
     b = kind == 0   ? __shfl_sync(mask, b, arg, width)
         : kind == 1 ? __shfl_up_sync(mask, b, static_cast<unsigned>(arg), width)
         : kind == 2 ? __shfl_down_sync(mask, b, static_cast<unsigned>(arg), width)
                     : __shfl_xor_sync(mask, b, arg, width);
-    __builtin_memcpy(&v, &b, 8);
+    memcpy(&v, &b, 8);
   }
   return v;
 }
