@@ -137,7 +137,7 @@ fn backend_statuses() -> Vec<BackendStatus> {
         BackendStatus { name: "cpu", available: true, reason: "CPU reference, always present".into() },
         simt_status("simt32", 32),
         simt_status("simt64", 64),
-        BackendStatus { name: "cuda", available: false, reason: "no CUDA backend exists in this build yet".into() },
+        cuda_status(),
         BackendStatus { name: "rocm", available: false, reason: "no ROCm backend exists in this build yet".into() },
     ]
 }
@@ -156,6 +156,20 @@ fn simt_status(name: &'static str, warp: u32) -> BackendStatus {
         },
         Err(e) => BackendStatus { name, available: false, reason: e.to_string() },
     }
+}
+
+/// The CUDA runtime's probe (never panics: a missing driver or device is a reason). The op
+/// backend over it is not wired into `k3` yet, so the backend itself is reported unavailable.
+fn cuda_status() -> BackendStatus {
+    #[cfg(feature = "cuda")]
+    let reason = match k3_backend_cuda::CudaRuntime::new(0) {
+        Ok(rt) => format!("CUDA runtime ready on {}; no op backend over it in this build yet", rt.summary()),
+        Err(kernel_api::Error::Unavailable { why }) => why,
+        Err(e) => e.to_string(),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let reason = "built without the `cuda` feature".to_string();
+    BackendStatus { name: "cuda", available: false, reason }
 }
 
 fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {

@@ -1,0 +1,395 @@
+//! Dense GEMM through cuBLASLt: `out[M,N] = x[M,K] · W[N,K]ᵀ (+ bias[N])`, all row-major, f32
+//! accumulation — the contract of `kernel_api::ops::gemm`, exposed as
+//! [`CudaRuntime::gemm_blaslt`] for the generic GPU backend's `Gemm` to call.
+//!
+//! cuBLASLt is column-major. A row-major `[R, C]` matrix with row stride `ld` is the
+//! column-major `[C, R]` matrix with leading dimension `ld`, so the product is computed as
+//! `outᵀ[N,M] = op(W)·xᵀ` with `W` viewed as column-major `[K, N]` and transposed (`TRANSA = T`),
+//! `x` as column-major `[K, M]` untransposed, and `outᵀ` column-major `[N, M]` with leading
+//! dimension N: the "TN" layout every cuBLASLt kernel family supports. The bias epilogue adds
+//! `bias[row of outᵀ] = bias[n]`.
+//!
+//! Accepted: x, W bf16 with out bf16 or f32; x, W, out all f32 (`CUBLAS_COMPUTE_32F`, no TF32).
+//! A bias must have the dtype of `out`. `M = 0` does nothing. The heuristic's choice is cached
+//! per (shape, dtypes, strides, pointer alignments, workspace size).
+
+use crate::driver::driver_lib;
+use crate::dylib::{Lib, NotFound};
+use crate::runtime::{CudaBuffer, CudaRuntime, CudaStream};
+use cudarc::cublaslt::{result as lt, sys};
+use kernel_api::ops::gemm::GemmParams;
+use kernel_api::error::Reasons;
+use kernel_api::{DType, Error, Result};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, OnceLock};
+
+/// Workspace cuBLASLt is offered when the caller has one: NVIDIA recommends 32 MiB on Hopper
+/// and Blackwell for the fastest algorithms.
+pub const BLASLT_WORKSPACE_BYTES: usize = 32 << 20;
+
+const SYMBOLS: &[&str] = &[
+    "cublasLtCreate",
+    "cublasLtDestroy",
+    "cublasLtGetVersion",
+    "cublasLtMatmulDescCreate",
+    "cublasLtMatmulDescSetAttribute",
+    "cublasLtMatmulDescDestroy",
+    "cublasLtMatrixLayoutCreate",
+    "cublasLtMatrixLayoutDestroy",
+    "cublasLtMatmulPreferenceCreate",
+    "cublasLtMatmulPreferenceSetAttribute",
+    "cublasLtMatmulPreferenceDestroy",
+    "cublasLtMatmulAlgoGetHeuristic",
+    "cublasLtMatmul",
+];
+
+const OP_N: i32 = 0;
+const OP_T: i32 = 1;
+
+static LIBRARY: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
+
+/// libcublasLt, found once (dynamic loader, then the toolkit roots), symbols checked.
+fn library() -> std::result::Result<&'static Lib, String> {
+    LIBRARY
+        .get_or_init(|| {
+            let lib = Lib::find("cublasLt", true).map_err(|nf: NotFound| {
+                format!(
+                    "cuBLASLt not found (searched {}); install it (`pip install nvidia-cublas` and set CUDA_HOME to \
+                     its nvidia/cu13 folder, or a CUDA toolkit) or add the folder of libcublasLt.so.* to LD_LIBRARY_PATH",
+                    nf.describe()
+                )
+            })?;
+            let missing = lib.missing(SYMBOLS);
+            if missing.is_empty() {
+                Ok(lib)
+            } else {
+                Err(format!("{} lacks {missing:?}", lib.found_as))
+            }
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// A cuBLASLt handle of one runtime and its heuristic cache.
+pub struct BlasLt {
+    handle: sys::cublasLtHandle_t,
+    version: usize,
+    algos: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
+}
+
+// SAFETY: a cuBLASLt handle may be used from any thread (calls are serialised per stream by the
+// caller, and the algorithm cache is behind a mutex).
+unsafe impl Send for BlasLt {}
+// SAFETY: as above.
+unsafe impl Sync for BlasLt {}
+
+impl Drop for BlasLt {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtCreate, destroyed once.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+/// One GEMM as cuBLASLt sees it (shape, dtypes, row strides in elements).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BlasLtGemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub x_dtype: DType,
+    pub w_dtype: DType,
+    pub out_dtype: DType,
+    pub bias_dtype: Option<DType>,
+    /// Elements between rows of `x` (≥ K).
+    pub x_row_stride: usize,
+    /// Elements between rows of `W` (≥ K).
+    pub w_row_stride: usize,
+}
+
+impl BlasLtGemm {
+    /// From the contract's params with dense rows.
+    pub fn from_params(p: &GemmParams) -> Self {
+        BlasLtGemm {
+            m: p.m,
+            n: p.n,
+            k: p.k,
+            x_dtype: p.x_dtype,
+            w_dtype: p.w_dtype,
+            out_dtype: p.out_dtype,
+            bias_dtype: p.bias_dtype,
+            x_row_stride: p.k,
+            w_row_stride: p.k,
+        }
+    }
+
+    /// Whether cuBLASLt takes this combination (the reasons if not).
+    pub fn supports(&self) -> Result<()> {
+        let mut r = Reasons::new();
+        let dts = (self.x_dtype, self.w_dtype, self.out_dtype);
+        r.require(
+            matches!(dts, (DType::BF16, DType::BF16, DType::BF16 | DType::F32) | (DType::F32, DType::F32, DType::F32)),
+            "dtypes",
+            format!("cuBLASLt path takes bf16 x bf16 -> bf16/f32 or f32 x f32 -> f32, not {dts:?}"),
+        );
+        if let Some(b) = self.bias_dtype {
+            r.require(b == self.out_dtype, "params.bias_dtype", format!("{b} bias with {} output: cuBLASLt's bias epilogue takes the output dtype", self.out_dtype));
+        }
+        r.require(self.x_row_stride >= self.k, "x_row_stride", "below K");
+        r.require(self.w_row_stride >= self.k, "w_row_stride", "below K");
+        r.into_result()
+    }
+}
+
+/// A matrix operand: a buffer and the byte offset of element (0, 0).
+#[derive(Clone, Copy, Debug)]
+pub struct Operand<'a> {
+    pub buf: &'a CudaBuffer,
+    pub offset_bytes: usize,
+}
+
+/// Buffers of one cuBLASLt GEMM.
+#[derive(Debug)]
+pub struct BlasLtArgs<'a> {
+    /// `[M, K]` with row stride `x_row_stride`.
+    pub x: Operand<'a>,
+    /// `[N, K]` with row stride `w_row_stride`.
+    pub w: Operand<'a>,
+    /// `[N]`, present exactly when the GEMM has a bias dtype.
+    pub bias: Option<Operand<'a>>,
+    /// `[M, N]` contiguous.
+    pub out: &'a mut CudaBuffer,
+    pub out_offset_bytes: usize,
+    /// cuBLASLt scratch (offer [`BLASLT_WORKSPACE_BYTES`]); `None` restricts the choice to
+    /// algorithms that need none.
+    pub workspace: Option<&'a mut CudaBuffer>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct AlgoKey {
+    gemm: BlasLtGemm,
+    align: [u32; 4],
+    workspace: usize,
+}
+
+fn cuda_type(dt: DType) -> sys::cudaDataType {
+    match dt {
+        DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+        _ => sys::cudaDataType::CUDA_R_32F,
+    }
+}
+
+/// Bytes spanned by `rows` rows of `cols` elements with a row stride (elements).
+fn span(rows: usize, cols: usize, stride: usize, elem: usize) -> Option<usize> {
+    if rows == 0 {
+        return Some(0);
+    }
+    (rows - 1).checked_mul(stride)?.checked_add(cols)?.checked_mul(elem)
+}
+
+/// Largest power of two (≤ 256) dividing the address: what cuBLASLt's alignment filters use.
+fn alignment(ptr: u64) -> u32 {
+    if ptr == 0 {
+        256
+    } else {
+        (1u64 << ptr.trailing_zeros().min(8)) as u32
+    }
+}
+
+fn blas_err(call: &str) -> impl FnOnce(lt::CublasError) -> Error + '_ {
+    move |e| Error::Driver { call: call.to_string(), why: format!("{:?}", e.0) }
+}
+
+/// Frees cuBLASLt descriptors on every path out of `gemm_blaslt`.
+#[derive(Default)]
+struct Descs {
+    op: Option<sys::cublasLtMatmulDesc_t>,
+    layouts: Vec<sys::cublasLtMatrixLayout_t>,
+    pref: Option<sys::cublasLtMatmulPreference_t>,
+}
+
+impl Drop for Descs {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created once and is destroyed once here.
+        unsafe {
+            if let Some(d) = self.op.take() {
+                let _ = lt::destroy_matmul_desc(d);
+            }
+            for l in self.layouts.drain(..) {
+                let _ = lt::destroy_matrix_layout(l);
+            }
+            if let Some(p) = self.pref.take() {
+                let _ = lt::destroy_matmul_pref(p);
+            }
+        }
+    }
+}
+
+fn set_desc<T>(d: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+    // SAFETY: `v` is the attribute's documented type and lives across the call.
+    unsafe { lt::set_matmul_desc_attribute(d, attr, v as *const T as *const c_void, std::mem::size_of::<T>()) }
+        .map_err(blas_err("cublasLtMatmulDescSetAttribute"))
+}
+
+fn set_pref<T>(p: sys::cublasLtMatmulPreference_t, attr: sys::cublasLtMatmulPreferenceAttributes_t, v: &T) -> Result<()> {
+    // SAFETY: as for set_desc.
+    unsafe { lt::set_matmul_pref_attribute(p, attr, v as *const T as *const c_void, std::mem::size_of::<T>()) }
+        .map_err(blas_err("cublasLtMatmulPreferenceSetAttribute"))
+}
+
+impl CudaRuntime {
+    fn blaslt(&self) -> Result<&BlasLt> {
+        self.blaslt
+            .get_or_init(|| {
+                let lib = library()?;
+                self.ctx.bind_to_thread().map_err(crate::driver::describe)?;
+                let handle = lt::create_handle().map_err(|e| format!("cublasLtCreate ({}) failed: {:?}", lib.found_as, e.0))?;
+                // SAFETY: symbol checked; no arguments.
+                let version = unsafe { sys::cublasLtGetVersion() };
+                Ok(BlasLt { handle, version, algos: Mutex::new(HashMap::new()) })
+            })
+            .as_ref()
+            .map_err(|why| Error::Unavailable { why: why.clone() })
+    }
+
+    /// Whether cuBLASLt can be used here (library found, handle created): its version, or
+    /// `Unavailable` with the reason.
+    pub fn blaslt_version(&self) -> Result<usize> {
+        let _ = driver_lib()?;
+        self.blaslt().map(|b| b.version)
+    }
+
+    /// `out = x · Wᵀ (+ bias)` through cuBLASLt, enqueued on `stream` (no allocation, no sync;
+    /// the heuristic query on a new shape is host-side only). See the module docs for layouts.
+    pub fn gemm_blaslt(&self, g: &BlasLtGemm, args: BlasLtArgs<'_>, stream: &CudaStream) -> Result<()> {
+        g.supports()?;
+        if g.bias_dtype.is_some() != args.bias.is_some() {
+            return Err(Error::invalid("bias", "must be given exactly when the GEMM has a bias dtype"));
+        }
+        if g.m == 0 {
+            return Ok(());
+        }
+        let (xe, we, oe) = (g.x_dtype.size_bytes(), g.w_dtype.size_bytes(), g.out_dtype.size_bytes());
+        let overflow = |f: &str| Error::invalid(f.to_string(), "size overflows");
+        let check = |field: &str, op: &Operand<'_>, bytes: Option<usize>| -> Result<u64> {
+            let bytes = bytes.ok_or_else(|| overflow(field))?;
+            k3_kernels::check_range(field, op.offset_bytes, bytes, op.buf.len())?;
+            Ok(op.buf.device_ptr().0 + op.offset_bytes as u64)
+        };
+        let x = check("x", &args.x, span(g.m, g.k, g.x_row_stride, xe))?;
+        let w = check("w", &args.w, span(g.n, g.k, g.w_row_stride, we))?;
+        let bias = match (&args.bias, g.bias_dtype) {
+            (Some(b), Some(dt)) => Some(check("bias", b, g.n.checked_mul(dt.size_bytes()))?),
+            _ => None,
+        };
+        let out_bytes = g.m.checked_mul(g.n).and_then(|e| e.checked_mul(oe)).ok_or_else(|| overflow("out"))?;
+        k3_kernels::check_range("out", args.out_offset_bytes, out_bytes, args.out.len())?;
+        let out = args.out.device_ptr().0 + args.out_offset_bytes as u64;
+        let (ws_ptr, ws_len) = args.workspace.as_ref().map(|b| (b.device_ptr().0, b.len())).unwrap_or((0, 0));
+        let dims = |v: usize| i64::try_from(v).map_err(|_| Error::invalid("params", format!("{v} exceeds i64")));
+
+        let lt_ = self.blaslt()?;
+        self.ctx.bind_to_thread().map_err(crate::driver::drv("cuCtxSetCurrent"))?;
+        let mut d = Descs::default();
+        use sys::cublasLtMatmulDescAttributes_t as DA;
+        use sys::cublasLtMatmulPreferenceAttributes_t as PA;
+        let op = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
+            .map_err(blas_err("cublasLtMatmulDescCreate"))?;
+        d.op = Some(op);
+        set_desc(op, DA::CUBLASLT_MATMUL_DESC_TRANSA, &OP_T)?;
+        set_desc(op, DA::CUBLASLT_MATMUL_DESC_TRANSB, &OP_N)?;
+        if let (Some(bp), Some(bdt)) = (bias, g.bias_dtype) {
+            set_desc(op, DA::CUBLASLT_MATMUL_DESC_EPILOGUE, &(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32))?;
+            set_desc(op, DA::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &(bp as *const c_void))?;
+            set_desc(op, DA::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &(cuda_type(bdt) as i32))?;
+        }
+        // A = W as column-major [K, N] (ld = W's row stride), B = x as [K, M], D = outᵀ [N, M].
+        let mut layout = |dt: DType, rows: usize, cols: usize, ld: usize| -> Result<sys::cublasLtMatrixLayout_t> {
+            let l = lt::create_matrix_layout(cuda_type(dt), rows as u64, cols as u64, dims(ld)?)
+                .map_err(blas_err("cublasLtMatrixLayoutCreate"))?;
+            d.layouts.push(l);
+            Ok(l)
+        };
+        let a_l = layout(g.w_dtype, g.k, g.n, g.w_row_stride)?;
+        let b_l = layout(g.x_dtype, g.k, g.m, g.x_row_stride)?;
+        let d_l = layout(g.out_dtype, g.n, g.m, g.n)?;
+
+        let key = AlgoKey { gemm: g.clone(), align: [alignment(w), alignment(x), alignment(out), alignment(bias.unwrap_or(0))], workspace: ws_len };
+        let cached = lt_.algos.lock().ok().and_then(|m| m.get(&key).copied());
+        let algo = match cached {
+            Some(a) => a,
+            None => {
+                let pref = lt::create_matmul_pref().map_err(blas_err("cublasLtMatmulPreferenceCreate"))?;
+                d.pref = Some(pref);
+                set_pref(pref, PA::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(ws_len as u64))?;
+                set_pref(pref, PA::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align[0])?;
+                set_pref(pref, PA::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align[1])?;
+                set_pref(pref, PA::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align[2])?;
+                set_pref(pref, PA::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align[2])?;
+                // SAFETY: live descriptors created above.
+                let h = unsafe { lt::get_matmul_algo_heuristic(lt_.handle, op, a_l, b_l, d_l, d_l, pref) }.map_err(|e| {
+                    Error::unsupported("gemm", format!("cuBLASLt has no algorithm for {g:?} with {ws_len} B workspace: {:?}", e.0))
+                })?;
+                if let Ok(mut m) = lt_.algos.lock() {
+                    m.insert(key, h.algo);
+                }
+                h.algo
+            }
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: every pointer was range-checked against its buffer above; descriptors are
+        // live; alpha/beta are host f32 (the default pointer mode, scale type 32F); C = D with
+        // beta 0 so C is never read; the stream belongs to this context.
+        unsafe {
+            lt::matmul(
+                lt_.handle,
+                op,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                w as *const c_void,
+                a_l,
+                x as *const c_void,
+                b_l,
+                out as *const c_void,
+                d_l,
+                out as *mut c_void,
+                d_l,
+                &algo,
+                ws_ptr as *mut c_void,
+                ws_len,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(blas_err("cublasLtMatmul"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn supported_combinations_and_spans() {
+        let g = |x, w, o, b| BlasLtGemm {
+            m: 2,
+            n: 3,
+            k: 4,
+            x_dtype: x,
+            w_dtype: w,
+            out_dtype: o,
+            bias_dtype: b,
+            x_row_stride: 4,
+            w_row_stride: 4,
+        };
+        assert!(g(DType::BF16, DType::BF16, DType::BF16, None).supports().is_ok());
+        assert!(g(DType::BF16, DType::BF16, DType::F32, Some(DType::F32)).supports().is_ok());
+        assert!(g(DType::F32, DType::F32, DType::F32, None).supports().is_ok());
+        assert!(matches!(g(DType::BF16, DType::F32, DType::F32, None).supports(), Err(Error::Unsupported { .. })));
+        assert!(g(DType::BF16, DType::BF16, DType::BF16, Some(DType::F32)).supports().is_err());
+        assert_eq!(span(3, 4, 10, 2), Some((2 * 10 + 4) * 2));
+        assert_eq!(span(0, 4, 10, 2), Some(0));
+        assert_eq!(span(usize::MAX, 4, 10, 2), None);
+        assert_eq!(alignment(0x1000), 256);
+        assert_eq!(alignment(0x1002), 2);
+    }
+}

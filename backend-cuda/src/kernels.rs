@@ -1,0 +1,190 @@
+//! The kernel sources and binaries carried inside this crate, and the arch arithmetic that
+//! decides whether an embedded binary runs on a device.
+//!
+//! - [`SOURCES`]: every file of `kernels/csrc` (embedded by build.rs with include_str!), what the
+//!   NVRTC path compiles; the source tree is never read at run time.
+//! - [`FATBINS`] / [`FATBIN_ARCHS`]: one nvcc fatbin per `.cu` of `csrc/ops` and `csrc/tests`,
+//!   when nvcc was found at build time (empty otherwise).
+
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
+    include!(concat!(env!("OUT_DIR"), "/kernel_fatbins.rs"));
+}
+
+pub use generated::{FATBINS, FATBIN_ARCHS, SOURCES};
+use std::fmt;
+
+/// A group of kernel files loaded as one module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelSet {
+    /// `csrc/ops/**.cu`: the op kernels the launchers of k3-kernels call.
+    Ops,
+    /// `csrc/tests/**.cu`: the dialect's own test kernels.
+    Tests,
+}
+
+impl KernelSet {
+    pub const ALL: [KernelSet; 2] = [KernelSet::Ops, KernelSet::Tests];
+
+    /// The folder of csrc the set's `.cu` files live in.
+    pub const fn dir(self) -> &'static str {
+        match self {
+            KernelSet::Ops => "ops",
+            KernelSet::Tests => "tests",
+        }
+    }
+
+    /// The set's kernel files (paths relative to csrc), sorted.
+    pub fn files(self) -> Vec<&'static str> {
+        let prefix = format!("{}/", self.dir());
+        SOURCES.iter().map(|(p, _)| *p).filter(|p| p.starts_with(&prefix) && p.ends_with(".cu")).collect()
+    }
+}
+
+impl fmt::Display for KernelSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.dir())
+    }
+}
+
+/// The embedded text of a csrc file.
+pub fn source(path: &str) -> Option<&'static str> {
+    SOURCES.iter().find(|(p, _)| *p == path).map(|(_, s)| *s)
+}
+
+/// The embedded nvcc fatbin of a kernel file, if build.rs produced one.
+pub fn embedded_fatbin(path: &str) -> Option<&'static [u8]> {
+    FATBINS.iter().find(|(p, _)| *p == path).map(|(_, b)| *b)
+}
+
+/// Kernel names a source lists with `K3_EXPORT(name)` (the dialect's registration macro)
+/// outside any preprocessor conditional: the kernels every target's build of the file has
+/// (`#if K3_WARP_SIZE == 64` blocks, for instance, are absent from CUDA builds).
+pub fn exported_kernels(source: &str) -> Vec<String> {
+    let mut depth = 0usize;
+    let mut names = Vec::new();
+    for line in source.lines().map(str::trim) {
+        if let Some(directive) = line.strip_prefix('#').map(str::trim_start) {
+            if directive.starts_with("if") {
+                depth += 1;
+            } else if directive.starts_with("endif") {
+                depth = depth.saturating_sub(1);
+            }
+            continue;
+        }
+        if depth > 0 {
+            continue;
+        }
+        let name = line.strip_prefix("K3_EXPORT(").and_then(|rest| rest.split(')').next()).map(str::trim);
+        if let Some(n) = name.filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) {
+            names.push(n.to_string());
+        }
+    }
+    names
+}
+
+/// A CUDA target: `sm_90a` is `{ major: 9, minor: 0, suffix: Some('a') }`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Arch {
+    pub major: u32,
+    pub minor: u32,
+    /// `a` (arch-specific: this exact compute capability only), `f` (family: same major, this
+    /// minor or newer), or none (same major, this minor or newer).
+    pub suffix: Option<char>,
+}
+
+impl Arch {
+    /// Parses `90a`, `sm_90a`, `compute_100a`, `120`, `100f`.
+    pub fn parse(s: &str) -> Option<Arch> {
+        let t = s.trim().trim_start_matches("sm_").trim_start_matches("compute_");
+        let (digits, suffix) = match t.chars().last()? {
+            c @ ('a' | 'f') => (&t[..t.len() - 1], Some(c)),
+            _ => (t, None),
+        };
+        if digits.len() < 2 || !digits.chars().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        let (maj, min) = digits.split_at(digits.len() - 1);
+        Some(Arch { major: maj.parse().ok()?, minor: min.parse().ok()?, suffix })
+    }
+
+    /// The richest target a device of compute capability `major.minor` runs: the
+    /// arch-specific `sm_XYa` from Hopper on (wgmma, tcgen05 need it), plain `sm_XY` before.
+    pub fn for_device(major: u32, minor: u32) -> Arch {
+        Arch { major, minor, suffix: (major >= 9).then_some('a') }
+    }
+
+    /// Whether SASS compiled for `self` runs on a device of compute capability `major.minor`.
+    pub fn runs_on(&self, major: u32, minor: u32) -> bool {
+        match self.suffix {
+            Some('a') => self.major == major && self.minor == minor,
+            _ => self.major == major && self.minor <= minor,
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sm_{}{}", self.major, self.minor)?;
+        if let Some(c) = self.suffix {
+            write!(f, "{c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether the embedded fatbins hold SASS for a device of compute capability `major.minor`.
+pub fn embedded_covers(major: u32, minor: u32) -> bool {
+    FATBIN_ARCHS.iter().filter_map(|a| Arch::parse(a)).any(|a| a.runs_on(major, minor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn archs_parse_print_and_match_devices() {
+        let a = Arch::parse("90a").unwrap();
+        assert_eq!(a.to_string(), "sm_90a");
+        assert!(a.runs_on(9, 0) && !a.runs_on(10, 0));
+        assert_eq!(Arch::parse("sm_103a").unwrap(), Arch { major: 10, minor: 3, suffix: Some('a') });
+        assert!(!Arch::parse("100a").unwrap().runs_on(10, 3), "sm_100a SASS does not run on sm_103");
+        assert!(Arch::parse("80").unwrap().runs_on(8, 6) && !Arch::parse("86").unwrap().runs_on(8, 0));
+        assert!(Arch::parse("compute_120").unwrap().runs_on(12, 1));
+        for bad in ["", "9", "9x", "sm_", "a", "90aa"] {
+            assert_eq!(Arch::parse(bad), None, "{bad}");
+        }
+        assert_eq!(Arch::for_device(9, 0).to_string(), "sm_90a");
+        assert_eq!(Arch::for_device(10, 3).to_string(), "sm_103a");
+        assert_eq!(Arch::for_device(8, 9).to_string(), "sm_89");
+    }
+
+    #[test]
+    fn sources_are_embedded_and_sets_list_kernel_files() {
+        assert!(source("k3/compat.h").is_some_and(|s| s.contains("K3_COMPAT_H")));
+        let tests = KernelSet::Tests.files();
+        assert!(tests.contains(&"tests/reduce.cu"), "{tests:?}");
+        assert!(KernelSet::Ops.files().iter().all(|f| f.starts_with("ops/") && f.ends_with(".cu")));
+        let names = exported_kernels(source("tests/reduce.cu").unwrap());
+        assert_eq!(names, vec!["block_reduce".to_string()]);
+        // The macro's definitions in the dialect headers are not exports.
+        assert!(exported_kernels(source("k3/detail/target_cuda.h").unwrap()).is_empty());
+        let conditional = "K3_EXPORT(a);\n#if K3_WARP_SIZE == 64\nK3_EXPORT(b);\n#endif\n// K3_EXPORT(c);\nK3_EXPORT(d);\n";
+        assert_eq!(exported_kernels(conditional), vec!["a".to_string(), "d".to_string()]);
+    }
+
+    #[test]
+    fn embedded_fatbins_are_fatbins_of_kernel_files() {
+        if FATBINS.is_empty() {
+            assert!(FATBIN_ARCHS.is_empty());
+            println!("skipped: built without nvcc, nothing embedded");
+            return;
+        }
+        assert!(FATBIN_ARCHS.iter().all(|a| Arch::parse(a).is_some()), "{FATBIN_ARCHS:?}");
+        for (file, image) in FATBINS {
+            assert!(KernelSet::ALL.iter().any(|s| s.files().contains(file)), "{file}");
+            // The fatbin container's magic number, little-endian 0xBA55ED50.
+            assert_eq!(image.get(..4), Some(&[0x50, 0xed, 0x55, 0xba][..]), "{file}");
+        }
+    }
+}

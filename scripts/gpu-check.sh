@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# The one prepared check for a machine with an NVIDIA GPU (written for an H200; must finish in
+# about 6 minutes there). Run from anywhere inside the repository:
+#
+#   bash scripts/gpu-check.sh            # report in $OUT/gpu-check.json when OUT is set,
+#                                        # else target/gpu-check/report.json; a table last
+#
+# Steps (each bounded by what is left of a ${K3_GPU_CHECK_BUDGET_S:-340} s budget; a step that
+# fails or times out is recorded and the script goes on):
+#   1. fingerprint: nvidia-smi (card, driver, compute capability), nvcc, git commit, date
+#   2. build (release): k3-backend-cuda with its tests and examples, for this card's arch only
+#      (K3_CUDA_ARCHS from nvidia-smi's compute capability, nvcc from $NVCC, $CUDA_HOME, PATH),
+#      and the k3 binary with --features cuda
+#   3. CUDA conformance: cargo test -p k3-backend-cuda --release (GPU tests that skip with "no
+#      CUDA device" are counted as skipped, not passed)
+#   4. k3 demo --backend cuda, k3 doctor --backend cuda --json
+#   5. device benches: the k3-benches device bench binary when it exists (HOOK below)
+#   6. copy bandwidth and launch latency (backend-cuda/examples/copy_bandwidth.rs)
+# Safe to run twice: everything it writes lives under target/gpu-check (cleared at the start)
+# and $OUT.
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+WORK="$ROOT/target/gpu-check"
+rm -rf "$WORK"
+mkdir -p "$WORK/logs"
+REPORT_DIR="${OUT:-$WORK}"
+mkdir -p "$REPORT_DIR"
+REPORT="$REPORT_DIR/gpu-check.json"
+[ -n "${OUT:-}" ] || REPORT="$WORK/report.json"
+START=$(date +%s)
+BUDGET=${K3_GPU_CHECK_BUDGET_S:-340}
+export CARGO_TERM_COLOR=never
+export K3_KERNEL_CACHE_DIR="$WORK/kernel-cache"
+
+STEP_NAMES=()
+STEP_STATUS=()
+STEP_SECS=()
+STEP_NOTE=()
+
+json_str() { # a JSON string literal of $1
+  local s
+  s=$(printf '%s' "$1" | tr -d '\000-\010\013\014\016-\037')
+  s=${s//\\/\\\\}
+  s=${s//\"/\\\"}
+  s=${s//$'\n'/\\n}
+  s=${s//$'\t'/\\t}
+  s=${s//$'\r'/}
+  printf '"%s"' "$s"
+}
+
+record() { # name status seconds note
+  STEP_NAMES+=("$1")
+  STEP_STATUS+=("$2")
+  STEP_SECS+=("$3")
+  STEP_NOTE+=("$4")
+}
+
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+
+# run_step NAME CAP_SECONDS CMD...: runs CMD with a timeout of min(CAP, budget left), output in
+# logs/NAME.log; records pass/fail/timeout. Returns the command's status.
+run_step() {
+  local name=$1 cap=$2
+  shift 2
+  local budget_left
+  budget_left=$(left)
+  if [ "$budget_left" -lt 10 ]; then
+    record "$name" skipped 0 "time budget used up"
+    return 99
+  fi
+  [ "$cap" -gt "$budget_left" ] && cap=$budget_left
+  local t0 rc
+  t0=$(date +%s)
+  timeout --kill-after=10 "$cap" "$@" >"$WORK/logs/$name.log" 2>&1
+  rc=$?
+  local secs=$(($(date +%s) - t0))
+  local note
+  note=$(grep -v '^\s*$' "$WORK/logs/$name.log" | tail -n 3 | cut -c1-300)
+  if [ $rc -eq 0 ]; then
+    record "$name" pass "$secs" "$note"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    record "$name" timeout "$secs" "timed out after ${cap}s; $note"
+  else
+    record "$name" fail "$secs" "exit $rc; $note"
+  fi
+  return $rc
+}
+
+# ---- 1. fingerprint ------------------------------------------------------------------------
+CARD=unknown DRIVER=unknown CC=unknown
+if command -v nvidia-smi >/dev/null 2>&1; then
+  Q=$(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>/dev/null | head -n 1)
+  if [ -n "$Q" ]; then
+    CARD=$(echo "$Q" | cut -d, -f1 | sed 's/^ *//;s/ *$//')
+    DRIVER=$(echo "$Q" | cut -d, -f2 | sed 's/^ *//;s/ *$//')
+    CC=$(echo "$Q" | cut -d, -f3 | sed 's/^ *//;s/ *$//')
+  fi
+fi
+# 9.0 -> 90a (arch-specific SASS from Hopper on), 8.6 -> 86.
+ARCH=""
+if [[ "$CC" =~ ^([0-9]+)\.([0-9]+)$ ]]; then
+  ARCH="${BASH_REMATCH[1]}${BASH_REMATCH[2]}"
+  [ "${BASH_REMATCH[1]}" -ge 9 ] && ARCH="${ARCH}a"
+fi
+NVCC_BIN=""
+for c in "${NVCC:-}" "${CUDA_HOME:+$CUDA_HOME/bin/nvcc}" "${CUDA_PATH:+$CUDA_PATH/bin/nvcc}" /usr/local/cuda/bin/nvcc "$(command -v nvcc 2>/dev/null)"; do
+  if [ -n "$c" ] && [ -x "$c" ]; then NVCC_BIN=$c; break; fi
+done
+NVCC_VERSION=none
+if [ -n "$NVCC_BIN" ]; then
+  NVCC_VERSION=$("$NVCC_BIN" --version 2>/dev/null | grep -o 'release [0-9.]*' | head -n 1)
+  # The toolkit root: NVRTC and cuBLASLt are looked up under $CUDA_HOME/lib64 at run time.
+  export CUDA_HOME="${CUDA_HOME:-$(cd "$(dirname "$NVCC_BIN")/.." && pwd)}"
+  export NVCC="$NVCC_BIN"
+  export K3_REQUIRE_DEVICE_COMPILE=1
+fi
+[ -n "$ARCH" ] && export K3_CUDA_ARCHS="$ARCH"
+COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+DIRTY=$(git status --porcelain 2>/dev/null | grep -q . && echo "+dirty" || true)
+DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+record fingerprint pass 0 "card=$CARD driver=$DRIVER cc=$CC arch=${ARCH:-?} nvcc=$NVCC_VERSION commit=$COMMIT$DIRTY"
+
+# Offline machines: use what is in the local cargo cache when the registry cannot be reached.
+if ! timeout 60 cargo fetch >"$WORK/logs/fetch.log" 2>&1; then
+  export CARGO_NET_OFFLINE=true
+fi
+
+# ---- 2. build --------------------------------------------------------------------------------
+run_step build 240 cargo build --release -p k3-backend-cuda --tests --examples
+BUILD_OK=$?
+run_step build_k3 150 cargo build --release -p model-k3 --features cuda --bin k3
+K3_OK=$?
+
+# ---- 3. CUDA conformance ---------------------------------------------------------------------
+TESTS_PASSED=0 TESTS_FAILED=0 TESTS_SKIPPED=0
+if [ $BUILD_OK -eq 0 ]; then
+  LOG="$WORK/logs/conformance.log"
+  run_step conformance 150 cargo test -p k3-backend-cuda --release -- --nocapture --test-threads=1
+  [ -f "$LOG" ] || : >"$LOG"
+  TESTS_PASSED=$(grep -o '[0-9]* passed' "$LOG" | awk '{s+=$1} END {print s+0}')
+  TESTS_FAILED=$(grep -o '[0-9]* failed' "$LOG" | awk '{s+=$1} END {print s+0}')
+  TESTS_SKIPPED=$(grep -c 'skipped: ' "$LOG")
+  STEP_NOTE[${#STEP_NOTE[@]}-1]="$TESTS_PASSED passed, $TESTS_FAILED failed, $TESTS_SKIPPED skip notes; ${STEP_NOTE[${#STEP_NOTE[@]}-1]}"
+  if grep -q 'skipped: no CUDA device' "$LOG" && [ "$CARD" != unknown ]; then
+    STEP_STATUS[${#STEP_STATUS[@]}-1]=fail
+    STEP_NOTE[${#STEP_NOTE[@]}-1]="nvidia-smi sees $CARD but the GPU tests found no device: $(grep -m1 'skipped: no CUDA device' "$LOG" | cut -c1-300)"
+  fi
+else
+  record conformance skipped 0 "build failed"
+fi
+
+# ---- 4. k3 demo / doctor -----------------------------------------------------------------------
+if [ $K3_OK -eq 0 ]; then
+  run_step demo 60 ./target/release/k3 demo --backend cuda --model "$WORK/tiny-k3"
+  run_step doctor 60 ./target/release/k3 doctor --backend cuda --json
+  cp "$WORK/logs/doctor.log" "$WORK/doctor.json" 2>/dev/null || true
+else
+  record demo skipped 0 "k3 build failed"
+  record doctor skipped 0 "k3 build failed"
+fi
+
+# ---- 5. device benches (HOOK) ------------------------------------------------------------------
+# HOOK for the k3-benches device bench binary that others are writing. Contract: a binary target
+# named `k3-device-bench` in package k3-benches, run as
+#   k3-device-bench --backend cuda --json FILE
+# writing {"rows": [{"op": ..., "shape": ..., "dtype": ..., "us": ..., "tflops": ..., "gbs": ...}]}
+# (the per-op rows of BENCHMARKS.md). Until it exists this step reports "not built".
+BENCH_JSON="$WORK/device-bench.json"
+if cargo metadata --no-deps --format-version 1 2>/dev/null | grep -q '"name":"k3-device-bench"'; then
+  run_step device_bench 120 cargo run --release -p k3-benches --bin k3-device-bench -- --backend cuda --json "$BENCH_JSON"
+else
+  record device_bench "not built" 0 "k3-benches has no k3-device-bench binary yet"
+fi
+
+# ---- 6. copy bandwidth and launch latency ------------------------------------------------------
+BW_JSON=""
+if [ $BUILD_OK -eq 0 ]; then
+  run_step copy_bandwidth 60 cargo run --release -q -p k3-backend-cuda --example copy_bandwidth -- 1024 20
+  BW_JSON=$(grep -s -m1 '^{' "$WORK/logs/copy_bandwidth.log")
+else
+  record copy_bandwidth skipped 0 "build failed"
+fi
+
+# ---- report ------------------------------------------------------------------------------------
+raw_or_null() { # a JSON value from a file/string when it looks like one
+  if [ -n "$1" ] && [ "${1:0:1}" = "{" ]; then printf '%s' "$1"; else printf 'null'; fi
+}
+{
+  printf '{\n'
+  printf '  "schema": "k3-gpu-check/1",\n'
+  printf '  "date": %s,\n' "$(json_str "$DATE")"
+  printf '  "commit": %s,\n' "$(json_str "$COMMIT$DIRTY")"
+  printf '  "card": %s,\n' "$(json_str "$CARD")"
+  printf '  "gpu_seen": %s,\n' "$([ "$CARD" != unknown ] && echo true || echo false)"
+  printf '  "driver": %s,\n' "$(json_str "$DRIVER")"
+  printf '  "compute_capability": %s,\n' "$(json_str "$CC")"
+  printf '  "cuda_archs": %s,\n' "$(json_str "${K3_CUDA_ARCHS:-default}")"
+  printf '  "nvcc": %s,\n' "$(json_str "$NVCC_VERSION")"
+  printf '  "wall_s": %d,\n' "$(($(date +%s) - START))"
+  printf '  "tests": {"passed": %d, "failed": %d, "skipped": %d},\n' "$TESTS_PASSED" "$TESTS_FAILED" "$TESTS_SKIPPED"
+  printf '  "copy_bandwidth": %s,\n' "$(raw_or_null "$BW_JSON")"
+  printf '  "device_bench": %s,\n' "$(raw_or_null "$(cat "$BENCH_JSON" 2>/dev/null)")"
+  printf '  "doctor": %s,\n' "$(raw_or_null "$(cat "$WORK/doctor.json" 2>/dev/null)")"
+  printf '  "steps": [\n'
+  for i in "${!STEP_NAMES[@]}"; do
+    sep=","
+    [ "$i" -eq $((${#STEP_NAMES[@]} - 1)) ] && sep=""
+    printf '    {"step": %s, "status": %s, "seconds": %d, "note": %s}%s\n' \
+      "$(json_str "${STEP_NAMES[$i]}")" "$(json_str "${STEP_STATUS[$i]}")" "${STEP_SECS[$i]}" "$(json_str "${STEP_NOTE[$i]}")" "$sep"
+  done
+  printf '  ]\n}\n'
+} >"$REPORT"
+[ -n "${OUT:-}" ] && cp -r "$WORK/logs" "$OUT/gpu-check-logs" 2>/dev/null
+
+# The short table, last.
+echo
+echo "gpu-check: $CARD (cc $CC, driver $DRIVER, nvcc $NVCC_VERSION), commit $COMMIT$DIRTY, $(($(date +%s) - START)) s"
+printf '%-16s %-10s %6s  %s\n' step status secs note
+for i in "${!STEP_NAMES[@]}"; do
+  printf '%-16s %-10s %6s  %s\n' "${STEP_NAMES[$i]}" "${STEP_STATUS[$i]}" "${STEP_SECS[$i]}" "$(echo "${STEP_NOTE[$i]}" | tail -n 1 | cut -c1-110)"
+done
+echo "tests: $TESTS_PASSED passed, $TESTS_FAILED failed, $TESTS_SKIPPED skip notes"
+[ -n "$BW_JSON" ] && echo "bandwidth: $(echo "$BW_JSON" | grep -o '"d2d_copy_gbs": [0-9.]*\|"h2d_gbs": [0-9.]*\|"d2h_gbs": [0-9.]*\|"launch_us": [0-9.]*' | tr '\n' ' ')"
+echo "report: $REPORT"
+# Non-zero when any step failed or timed out (skipped / not built are not failures).
+for s in "${STEP_STATUS[@]}"; do
+  case "$s" in fail | timeout) exit 1 ;; esac
+done
+exit 0
