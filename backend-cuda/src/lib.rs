@@ -20,6 +20,7 @@
 //! `K3_CUDA_KERNELS=auto|embedded|jit`, `K3_KERNEL_CACHE_DIR` (`off` disables), `CUDA_HOME`
 //! (where NVRTC and cuBLASLt are looked for besides the loader's path) at run time.
 
+mod backend;
 pub mod blaslt;
 mod driver;
 mod dylib;
@@ -27,6 +28,7 @@ pub mod kernels;
 pub mod nvrtc;
 mod runtime;
 
+pub use backend::{cuda_backend, CudaBackend};
 pub use blaslt::{BlasLtArgs, BlasLtGemm, Operand, BLASLT_WORKSPACE_BYTES};
 pub use kernels::{Arch, KernelSet};
 pub use runtime::{CudaBuffer, CudaEvent, CudaKernel, CudaModule, CudaRuntime, CudaStream, KernelOrigin, KernelSource};

@@ -26,7 +26,13 @@ impl<R: Runtime> GpuBackend<R> {
     /// module) and names the backend (`cuda`, `rocm`, `simt32`, ...).
     pub fn new(rt: R, image: &ModuleImage<'_>, name: impl Into<String>) -> Result<Self> {
         let module = rt.load_module(image)?;
-        Ok(GpuBackend { rt, module, name: name.into(), kernels: Mutex::new(HashMap::new()) })
+        Ok(Self::from_module(rt, module, name))
+    }
+
+    /// Wraps a module the runtime has already loaded (e.g. one CUDA module per kernel file,
+    /// JIT-compiled or from an embedded fatbin).
+    pub fn from_module(rt: R, module: R::Module, name: impl Into<String>) -> Self {
+        GpuBackend { rt, module, name: name.into(), kernels: Mutex::new(HashMap::new()) }
     }
 
     pub fn runtime(&self) -> &R {

@@ -158,18 +158,17 @@ fn simt_status(name: &'static str, warp: u32) -> BackendStatus {
     }
 }
 
-/// The CUDA runtime's probe (never panics: a missing driver or device is a reason). The op
-/// backend over it is not wired into `k3` yet, so the backend itself is reported unavailable.
+/// The CUDA runtime's probe (never panics: a missing driver or device is a reason).
 fn cuda_status() -> BackendStatus {
     #[cfg(feature = "cuda")]
-    let reason = match k3_backend_cuda::CudaRuntime::new(0) {
-        Ok(rt) => format!("CUDA runtime ready on {}; no op backend over it in this build yet", rt.summary()),
-        Err(kernel_api::Error::Unavailable { why }) => why,
-        Err(e) => e.to_string(),
+    let (available, reason) = match k3_backend_cuda::CudaRuntime::new(0) {
+        Ok(rt) => (true, format!("CUDA device {}", rt.summary())),
+        Err(kernel_api::Error::Unavailable { why }) => (false, why),
+        Err(e) => (false, e.to_string()),
     };
     #[cfg(not(feature = "cuda"))]
-    let reason = "built without the `cuda` feature".to_string();
-    BackendStatus { name: "cuda", available: false, reason }
+    let (available, reason) = (false, "built without the `cuda` feature".to_string());
+    BackendStatus { name: "cuda", available, reason }
 }
 
 fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
@@ -203,6 +202,12 @@ pub fn run_doctor(backend: &str) -> DoctorReport {
             };
             staged_checks(&mut r, move || k3_backend_simt::simt_backend(warp).map_err(|e| e.to_string()), kernels)
         }
+        #[cfg(feature = "cuda")]
+        "cuda" => staged_checks(
+            &mut r,
+            || k3_backend_cuda::cuda_backend(0).map_err(|e| e.to_string()),
+            || Ok("op kernels loaded (embedded fatbin for this arch, else NVRTC)".to_string()),
+        ),
         other => {
             let why = r.backends.iter().find(|b| b.name == other).map(|b| b.reason.clone()).unwrap_or_else(|| format!("unknown backend `{other}`"));
             r.stages.push(Stage { name: "backend init", outcome: Outcome::Fail(why), detail: String::new() });

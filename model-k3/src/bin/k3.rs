@@ -34,14 +34,22 @@ macro_rules! with_backend {
                 Ok($b) => $body,
                 Err(e) => fail(e),
             },
-            other => fail(format!("backend `{other}` is not available in this build (available: cpu, simt32, simt64)")),
+            #[cfg(feature = "cuda")]
+            "cuda" => match k3_backend_cuda::cuda_backend(0) {
+                Ok($b) => $body,
+                Err(e) => fail(e),
+            },
+            other => fail(format!(
+                "backend `{other}` is not available in this build (available: cpu, simt32, simt64{})",
+                if cfg!(feature = "cuda") { ", cuda" } else { "; cuda needs `--features cuda`" }
+            )),
         }
     };
 }
 
 #[derive(clap::Args, Clone)]
 struct BackendArg {
-    /// Backend to run on (`cpu`, `simt32`, `simt64`); defaults to $K3_BACKEND, else `cpu`.
+    /// Backend to run on (`cpu`, `simt32`, `simt64`, `cuda` with the `cuda` feature); defaults to $K3_BACKEND, else `cpu`.
     #[arg(long)]
     backend: Option<String>,
 }
