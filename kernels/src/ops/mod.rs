@@ -3,5 +3,7 @@
 //! device data is read), then launches from the plan's metadata only.
 
 mod lse_merge;
+mod mla_cache_write;
+mod mla_format;
 mod pending;
 mod tensor_ops;

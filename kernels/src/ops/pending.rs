@@ -46,7 +46,6 @@ pending! {
     SigmoidGate, SigmoidGateParams, SigmoidGatePlan, SigmoidGateArgs, "sigmoid_gate";
     EmbeddingGather, EmbeddingGatherParams, EmbeddingGatherPlan, EmbeddingGatherArgs, "embedding_gather";
     MlaPrefill, MlaPrefillParams, MlaPrefillPlan, MlaPrefillArgs, "mla_prefill";
-    MlaCacheWrite, MlaCacheWriteParams, MlaCacheWritePlan, MlaCacheWriteArgs, "mla_cache_write";
     MlaDecode, MlaDecodeParams, MlaDecodePlan, MlaDecodeArgs, "mla_decode";
     MlaPrefillAbsorbed, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaPrefillAbsorbedArgs, "mla_prefill_absorbed";
     KdaGate, KdaGateParams, KdaGatePlan, KdaGateArgs, "kda_gate";
