@@ -4,6 +4,7 @@
 
 mod lse_merge;
 mod mla_cache_write;
+mod mla_decode;
 mod mla_format;
 mod pending;
 mod tensor_ops;

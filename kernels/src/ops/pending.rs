@@ -46,8 +46,6 @@ pending! {
     SigmoidGate, SigmoidGateParams, SigmoidGatePlan, SigmoidGateArgs, "sigmoid_gate";
     EmbeddingGather, EmbeddingGatherParams, EmbeddingGatherPlan, EmbeddingGatherArgs, "embedding_gather";
     MlaPrefill, MlaPrefillParams, MlaPrefillPlan, MlaPrefillArgs, "mla_prefill";
-    MlaDecode, MlaDecodeParams, MlaDecodePlan, MlaDecodeArgs, "mla_decode";
-    MlaPrefillAbsorbed, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaPrefillAbsorbedArgs, "mla_prefill_absorbed";
     KdaGate, KdaGateParams, KdaGatePlan, KdaGateArgs, "kda_gate";
     KdaPrefill, KdaPrefillParams, KdaPrefillPlan, KdaPrefillArgs, "kda_prefill";
     KdaDecode, KdaDecodeParams, KdaDecodePlan, KdaDecodeArgs, "kda_decode";
