@@ -12,10 +12,11 @@
 //
 // Rows are spread over warps (kRowsPerWarp each). A warp keeps its rows' queries in registers,
 // lane l holding dims l, l + W, ... (W = warp size): QK^T per token is a lane-partial dot,
-// and the warp turns its 32 per-token partials into full scores with a shuffle reduce-scatter
-// (31 shuffles, after which lane l holds token l / kDup). Max and sum are warp reductions, the
-// probabilities go through a per-warp shared row, and PV accumulates lane-owned latent dims in
-// registers. Two block barriers per KV tile; everything else is warp-synchronous.
+// and the warp turns its 32 per-token partials into full scores with a shuffle reduce-scatter,
+// after which lane l holds token l / kDup. Max and sum are warp reductions; rows go through
+// them in pairs, two floats per 8-byte shuffle. The probabilities go through a per-warp shared
+// row, and PV accumulates lane-owned latent dims in registers. Two block barriers per KV tile;
+// everything else is warp-synchronous.
 #ifndef K3_OPS_MLA_ATTEND_CUH
 #define K3_OPS_MLA_ATTEND_CUH
 
@@ -127,20 +128,59 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, uint16_t* raw, float* mu
   }
 }
 
-// Sums v[0..kTile) over the warp so that lane l ends with the full sum of token l / kDup.
-K3_DEVICE float reduce_scatter(float (&v)[kTile]) {
+// Two floats moved by one 8-byte shuffle: the warp's rows are processed in pairs, which halves
+// the shuffle count of every reduction (on GPUs an 8-byte shuffle is two 4-byte ones anyway).
+struct F2 {
+  float a, b;
+};
+
+K3_DEVICE F2 shfl_xor2(float a, float b, int offset) {
+  const F2 v = {a, b};
+  return k3::shfl_xor(v, offset);
+}
+
+// Sums v[rr][0..kTile) over the warp for every row rr so that lane l ends with the full sum of
+// token l / kDup of each row (returned in v[rr][0]).
+K3_DEVICE void reduce_scatter(float (&v)[kRowsPerWarp][kTile]) {
   const int lane = static_cast<int>(k3::lane_id());
   int offset = k3::kWarpSize / 2;
   for (int h = kTile / 2; h >= 1; h /= 2, offset /= 2) {
     const bool upper = (lane & offset) != 0;
-    for (int k = 0; k < h; ++k) {
-      const float send = upper ? v[k] : v[k + h];
-      const float keep = upper ? v[k + h] : v[k];
-      v[k] = keep + k3::shfl_xor(send, offset);
+    for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
+      for (int k = 0; k < h; ++k) {
+        const F2 got = shfl_xor2(upper ? v[rr][k] : v[rr][k + h], upper ? v[rr + 1][k] : v[rr + 1][k + h], offset);
+        v[rr][k] = (upper ? v[rr][k + h] : v[rr][k]) + got.a;
+        v[rr + 1][k] = (upper ? v[rr + 1][k + h] : v[rr + 1][k]) + got.b;
+      }
     }
   }
-  for (; offset >= 1; offset /= 2) v[0] += k3::shfl_xor(v[0], offset);
-  return v[0];
+  for (; offset >= 1; offset /= 2) {
+    for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
+      const F2 got = shfl_xor2(v[rr][0], v[rr + 1][0], offset);
+      v[rr][0] += got.a;
+      v[rr + 1][0] += got.b;
+    }
+  }
+}
+
+// Warp-wide max (ignoring NaN) or sum of x[rr] for every row, in place.
+K3_DEVICE void warp_max_rows(float (&x)[kRowsPerWarp]) {
+  for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) {
+    for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
+      const F2 got = shfl_xor2(x[rr], x[rr + 1], o);
+      x[rr] = k3::max_f32(x[rr], got.a);
+      x[rr + 1] = k3::max_f32(x[rr + 1], got.b);
+    }
+  }
+}
+K3_DEVICE void warp_sum_rows(float (&x)[kRowsPerWarp]) {
+  for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) {
+    for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
+      const F2 got = shfl_xor2(x[rr], x[rr + 1], o);
+      x[rr] += got.a;
+      x[rr + 1] += got.b;
+    }
+  }
 }
 
 // The row tile `r` of one work item. score_scale = softmax_scale (x kv_scale for flat fp8),
@@ -174,7 +214,7 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
     const int i = valid[rr] ? rho / r.gh : 0;
     const int k = valid[rr] ? rho % r.gh : 0;
     const int lim = r.causal ? r.first_pos + i + 1 : r.n_keys;
-    limit[rr] = lim < r.kv_end ? lim : r.kv_end;
+    limit[rr] = !valid[rr] ? 0 : (lim < r.kv_end ? lim : r.kv_end);
     m[rr] = neg_inf;
     l[rr] = 0.0f;
     for (int j = 0; j < kAccRegs; ++j) acc[rr][j] = 0.0f;
@@ -184,49 +224,60 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
     }
   }
 
+  const int tok = lane / kDup;
+  const bool owner = lane % kDup == 0;
   for (int s0 = r.kv_start; s0 < kv_hi; s0 += kTile) {
     const int n = kv_hi - s0 < kTile ? kv_hi - s0 : kTile;
     k3::sync_threads();  // the previous tile is consumed
     load_tile(c, s0, n, raw, mult);
     k3::sync_threads();
-    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      if (!valid[rr]) continue;  // warp-uniform
-      float part[kTile];
-      for (int t = 0; t < kTile; ++t) {
-        const uint16_t* kr = raw + t * width;
-        const float* mt = mult + t * kMultSlots;
-        float s = 0.0f;
-        for (int j = 0; j < kQRegs; ++j) {
-          const int d = lane + j * k3::kWarpSize;
-          if (d < width) s += qr[rr][j] * (k3::bf16_to_f32(k3::bf16{kr[d]}) * mt[slot[j]]);
-        }
-        part[t] = s;
-      }
-      const int tok = lane / kDup;
-      float score = reduce_scatter(part) * score_scale;
-      if (tok >= n || s0 + tok >= limit[rr]) score = neg_inf;
-      float tile_max = score;
-      for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) tile_max = k3::max_f32(tile_max, k3::shfl_xor(tile_max, o));
-      const float m_new = k3::max_f32(m[rr], tile_max);
-      if (m_new == neg_inf) continue;  // no visible key yet (warp-uniform)
-      const float alpha = k3::exp_f32(m[rr] - m_new);
-      const float p = k3::exp_f32(score - m_new);
-      const bool owner = lane % kDup == 0;
-      float psum = owner ? p : 0.0f;
-      psum = k3::warp_reduce_sum(psum);
-      l[rr] = l[rr] * alpha + psum;
-      m[rr] = m_new;
-      float* prow = pbuf + (warp + rr * kWarps) * kTile;
-      if (owner) prow[tok] = p;
-      k3::sync_warp();
-      for (int j = 0; j < kAccRegs; ++j) {
+    // QK^T: lane-partial dots of every row with every token, then the reduce-scatter.
+    float part[kRowsPerWarp][kTile];
+    for (int t = 0; t < kTile; ++t) {
+      const uint16_t* kr = raw + t * width;
+      const float* mt = mult + t * kMultSlots;
+      float kv[kQRegs];
+      for (int j = 0; j < kQRegs; ++j) {
         const int d = lane + j * k3::kWarpSize;
-        if (d >= c.latent) break;
-        float a = acc[rr][j] * alpha;
-        for (int t = 0; t < n; ++t) a += prow[t] * (k3::bf16_to_f32(k3::bf16{raw[t * width + d]}) * mult[t * kMultSlots + slot[j]]);
-        acc[rr][j] = a;
+        kv[j] = d < width ? k3::bf16_to_f32(k3::bf16{kr[d]}) * mt[slot[j]] : 0.0f;
       }
-      k3::sync_warp();  // prow is rewritten by the next row of this warp only after everyone read it
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        float s = 0.0f;
+        for (int j = 0; j < kQRegs; ++j) s += qr[rr][j] * kv[j];
+        part[rr][t] = s;
+      }
+    }
+    reduce_scatter(part);
+    // Online softmax; lane `tok` holds this tile's score of token s0 + tok for every row.
+    float score[kRowsPerWarp], m_new[kRowsPerWarp], p[kRowsPerWarp];
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      score[rr] = tok < n && s0 + tok < limit[rr] ? part[rr][0] * score_scale : neg_inf;
+      m_new[rr] = score[rr];
+    }
+    warp_max_rows(m_new);
+    float alpha[kRowsPerWarp];
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      m_new[rr] = k3::max_f32(m[rr], m_new[rr]);
+      const bool live = m_new[rr] != neg_inf;  // some key of this row is visible so far
+      alpha[rr] = live ? k3::exp_f32(m[rr] - m_new[rr]) : 1.0f;
+      p[rr] = live && owner ? k3::exp_f32(score[rr] - m_new[rr]) : 0.0f;
+      if (owner) pbuf[(warp + rr * kWarps) * kTile + tok] = p[rr];
+    }
+    warp_sum_rows(p);
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      l[rr] = l[rr] * alpha[rr] + p[rr];
+      m[rr] = m_new[rr];
+    }
+    k3::sync_warp();  // the warp's probability rows are written
+    // PV: lane-owned latent dims of every row.
+    for (int j = 0; j < kAccRegs; ++j) {
+      const int d = lane + j * k3::kWarpSize;
+      if (d >= c.latent) break;
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) acc[rr][j] *= alpha[rr];
+      for (int t = 0; t < n; ++t) {
+        const float v = k3::bf16_to_f32(k3::bf16{raw[t * width + d]}) * mult[t * kMultSlots + slot[j]];
+        for (int rr = 0; rr < kRowsPerWarp; ++rr) acc[rr][j] += pbuf[(warp + rr * kWarps) * kTile + t] * v;
+      }
     }
   }
 
