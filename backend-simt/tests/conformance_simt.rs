@@ -8,7 +8,7 @@ macro_rules! simt_suite {
                 k3_backend_simt::simt_backend($warp),
                 pending = [
                     gemm, rms_norm, gated_rms_norm, l2_norm, attn_res_mix, situ_glu, sigmoid_gate, embedding_gather,
-                    mla_prefill, kda_gate, kda_prefill, kda_decode,
+                    kda_gate, kda_prefill, kda_decode,
                     causal_conv1d, moe_router, moe_align, moe_grouped_gemm, moe_combine
                 ]
             );

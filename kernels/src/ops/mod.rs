@@ -6,5 +6,6 @@ mod lse_merge;
 mod mla_cache_write;
 mod mla_decode;
 mod mla_format;
+mod mla_prefill;
 mod pending;
 mod tensor_ops;

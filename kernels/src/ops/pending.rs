@@ -45,7 +45,6 @@ pending! {
     SituGlu, SituGluParams, SituGluPlan, SituGluArgs, "situ_glu";
     SigmoidGate, SigmoidGateParams, SigmoidGatePlan, SigmoidGateArgs, "sigmoid_gate";
     EmbeddingGather, EmbeddingGatherParams, EmbeddingGatherPlan, EmbeddingGatherArgs, "embedding_gather";
-    MlaPrefill, MlaPrefillParams, MlaPrefillPlan, MlaPrefillArgs, "mla_prefill";
     KdaGate, KdaGateParams, KdaGatePlan, KdaGateArgs, "kda_gate";
     KdaPrefill, KdaPrefillParams, KdaPrefillPlan, KdaPrefillArgs, "kda_prefill";
     KdaDecode, KdaDecodeParams, KdaDecodePlan, KdaDecodeArgs, "kda_decode";
