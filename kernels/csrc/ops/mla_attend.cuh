@@ -144,9 +144,12 @@ K3_DEVICE F2 shfl_xor2(float a, float b, int offset) {
 K3_DEVICE void reduce_scatter(float (&v)[kRowsPerWarp][kTile]) {
   const int lane = static_cast<int>(k3::lane_id());
   int offset = k3::kWarpSize / 2;
+  MLA_UNROLL
   for (int h = kTile / 2; h >= 1; h /= 2, offset /= 2) {
     const bool upper = (lane & offset) != 0;
+    MLA_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
+      MLA_UNROLL
       for (int k = 0; k < h; ++k) {
         const F2 got = shfl_xor2(upper ? v[rr][k] : v[rr][k + h], upper ? v[rr + 1][k] : v[rr + 1][k + h], offset);
         v[rr][k] = (upper ? v[rr][k + h] : v[rr][k]) + got.a;
@@ -154,7 +157,9 @@ K3_DEVICE void reduce_scatter(float (&v)[kRowsPerWarp][kTile]) {
       }
     }
   }
+  MLA_UNROLL
   for (; offset >= 1; offset /= 2) {
+    MLA_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
       const F2 got = shfl_xor2(v[rr][0], v[rr + 1][0], offset);
       v[rr][0] += got.a;
@@ -165,7 +170,9 @@ K3_DEVICE void reduce_scatter(float (&v)[kRowsPerWarp][kTile]) {
 
 // Warp-wide max (ignoring NaN) or sum of x[rr] for every row, in place.
 K3_DEVICE void warp_max_rows(float (&x)[kRowsPerWarp]) {
+  MLA_UNROLL
   for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) {
+    MLA_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
       const F2 got = shfl_xor2(x[rr], x[rr + 1], o);
       x[rr] = k3::max_f32(x[rr], got.a);
@@ -174,7 +181,9 @@ K3_DEVICE void warp_max_rows(float (&x)[kRowsPerWarp]) {
   }
 }
 K3_DEVICE void warp_sum_rows(float (&x)[kRowsPerWarp]) {
+  MLA_UNROLL
   for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) {
+    MLA_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
       const F2 got = shfl_xor2(x[rr], x[rr + 1], o);
       x[rr] += got.a;
@@ -199,6 +208,7 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
   kv_hi = kv_hi < r.kv_end ? kv_hi : r.kv_end;
 
   int slot[kQRegs];
+  MLA_UNROLL
   for (int j = 0; j < kQRegs; ++j) {
     const int d = lane + j * k3::kWarpSize;
     slot[j] = d < c.latent ? d / kScaleTile : kMultSlots - 1;
@@ -208,6 +218,7 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
   float m[kRowsPerWarp], l[kRowsPerWarp];
   int limit[kRowsPerWarp];
   bool valid[kRowsPerWarp];
+  MLA_UNROLL
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int rho = r.rho0 + warp + rr * kWarps;
     valid[rr] = rho < total_rows;
@@ -217,7 +228,9 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
     limit[rr] = !valid[rr] ? 0 : (lim < r.kv_end ? lim : r.kv_end);
     m[rr] = neg_inf;
     l[rr] = 0.0f;
+    MLA_UNROLL
     for (int j = 0; j < kAccRegs; ++j) acc[rr][j] = 0.0f;
+    MLA_UNROLL
     for (int j = 0; j < kQRegs; ++j) {
       const int d = lane + j * k3::kWarpSize;
       qr[rr][j] = valid[rr] && d < width ? k3::load_f32(q.q, q.dt, q.off + i * q.st + (r.head0 + k) * q.sh + d) : 0.0f;
@@ -233,16 +246,20 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
     k3::sync_threads();
     // QK^T: lane-partial dots of every row with every token, then the reduce-scatter.
     float part[kRowsPerWarp][kTile];
+    MLA_UNROLL
     for (int t = 0; t < kTile; ++t) {
       const uint16_t* kr = raw + t * width;
       const float* mt = mult + t * kMultSlots;
       float kv[kQRegs];
+      MLA_UNROLL
       for (int j = 0; j < kQRegs; ++j) {
         const int d = lane + j * k3::kWarpSize;
         kv[j] = d < width ? k3::bf16_to_f32(k3::bf16{kr[d]}) * mt[slot[j]] : 0.0f;
       }
+      MLA_UNROLL
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
         float s = 0.0f;
+        MLA_UNROLL
         for (int j = 0; j < kQRegs; ++j) s += qr[rr][j] * kv[j];
         part[rr][t] = s;
       }
@@ -250,12 +267,14 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
     reduce_scatter(part);
     // Online softmax; lane `tok` holds this tile's score of token s0 + tok for every row.
     float score[kRowsPerWarp], m_new[kRowsPerWarp], p[kRowsPerWarp];
+    MLA_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       score[rr] = tok < n && s0 + tok < limit[rr] ? part[rr][0] * score_scale : neg_inf;
       m_new[rr] = score[rr];
     }
     warp_max_rows(m_new);
     float alpha[kRowsPerWarp];
+    MLA_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       m_new[rr] = k3::max_f32(m[rr], m_new[rr]);
       const bool live = m_new[rr] != neg_inf;  // some key of this row is visible so far
@@ -264,23 +283,28 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
       if (owner) pbuf[(warp + rr * kWarps) * kTile + tok] = p[rr];
     }
     warp_sum_rows(p);
+    MLA_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       l[rr] = l[rr] * alpha[rr] + p[rr];
       m[rr] = m_new[rr];
     }
     k3::sync_warp();  // the warp's probability rows are written
     // PV: lane-owned latent dims of every row.
+    MLA_UNROLL
     for (int j = 0; j < kAccRegs; ++j) {
       const int d = lane + j * k3::kWarpSize;
       if (d >= c.latent) break;
+      MLA_UNROLL
       for (int rr = 0; rr < kRowsPerWarp; ++rr) acc[rr][j] *= alpha[rr];
       for (int t = 0; t < n; ++t) {
         const float v = k3::bf16_to_f32(k3::bf16{raw[t * width + d]}) * mult[t * kMultSlots + slot[j]];
+        MLA_UNROLL
         for (int rr = 0; rr < kRowsPerWarp; ++rr) acc[rr][j] += pbuf[(warp + rr * kWarps) * kTile + t] * v;
       }
     }
   }
 
+  MLA_UNROLL
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     if (!valid[rr]) continue;
     const int rho = r.rho0 + warp + rr * kWarps;
@@ -288,6 +312,7 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
     const bool any = l[rr] > 0.0f;
     const float inv = any ? out_scale / l[rr] : 0.0f;
     const int64_t base = dst.off + i * dst.st + (dst.head_base + k) * dst.sh;
+    MLA_UNROLL
     for (int j = 0; j < kAccRegs; ++j) {
       const int d = lane + j * k3::kWarpSize;
       if (d < c.latent) k3::store_f32(dst.out, dst.out_dt, base + d, acc[rr][j] * inv);

@@ -10,7 +10,6 @@
 
 namespace {
 
-constexpr int kCacheWriteThreads = 128;
 
 // Tile amax over the warp, ignoring NaN like Rust's f32::max fold starting at 0.
 K3_DEVICE float warp_amax(float v) {

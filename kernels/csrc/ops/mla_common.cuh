@@ -3,6 +3,14 @@
 #ifndef K3_OPS_MLA_COMMON_CUH
 #define K3_OPS_MLA_COMMON_CUH
 
+// Full unrolling of loops over register arrays (so that they stay in registers on GPUs); the
+// host SIMT build has no such pragma.
+#if K3_TARGET_SIMT
+#define MLA_UNROLL
+#else
+#define MLA_UNROLL _Pragma("unroll")
+#endif
+
 namespace mla {
 
 // Cache format codes as the launchers pass them (kernels/src/ops/mla_*.rs).
