@@ -95,12 +95,24 @@ K3_DEVICE const uint8_t* token_row(const Cache& c, int s) {
 
 K3_DEVICE uint16_t fp8_as_bf16(uint8_t b, int fnuz) { return k3::f32_to_bf16(decode_fp8(b, fnuz)).bits; }
 
-// Stages tokens s0 .. s0 + n (n <= kTile) as raw bf16 + multipliers; rows past n are zero.
-K3_DEVICE void load_tile(const Cache& c, int s0, int n, uint16_t* raw, float* mult) {
-  const int tid = static_cast<int>(k3::thread_idx_x());
-  const int width = c.latent + c.rope;
+// bf16 bits of logical value e (0 <= e < latent + rope) of a token row, as staged (see above).
+K3_DEVICE uint16_t raw_value(const Cache& c, const uint8_t* row, int e) {
+  if (c.kind == kFormatBf16) return static_cast<uint16_t>(row[2 * e] | (row[2 * e + 1] << 8));
+  if (c.kind == kFormatFlat || e < c.latent) return fp8_as_bf16(row[e], c.fnuz);
   const int tiles = (c.latent + kScaleTile - 1) / kScaleTile;
-  for (int i = tid; i < kTile * kMultSlots; i += kBlock) {
+  const uint8_t* r = row + c.latent + 4 * tiles + 2 * (e - c.latent);
+  return static_cast<uint16_t>(r[0] | (r[1] << 8));
+}
+
+// Stages tokens s0 .. s0 + n (n <= tokens) as rows of `row_width` raw bf16 values plus
+// multipliers: latent values at columns [0, latent), rope values from column `rope_col`
+// (latent for the SIMT core, latent rounded up to 16 for the MMA core); every other column and
+// every row past n is zero.
+K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_width, int rope_col, uint16_t* raw, float* mult) {
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int nthreads = static_cast<int>(k3::block_dim_x());
+  const int tiles = (c.latent + kScaleTile - 1) / kScaleTile;
+  for (int i = tid; i < tokens * kMultSlots; i += nthreads) {
     const int t = i / kMultSlots, slot = i % kMultSlots;
     float m = 1.0f;
     if (c.kind == kFormatTiled && t < n && slot < tiles) {
@@ -110,21 +122,10 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, uint16_t* raw, float* mu
     }
     mult[i] = m;
   }
-  for (int i = tid; i < kTile * width; i += kBlock) {
-    const int t = i / width, e = i - t * width;
-    uint16_t v = 0;
-    if (t < n) {
-      const uint8_t* row = token_row(c, s0 + t);
-      if (c.kind == kFormatBf16) {
-        v = static_cast<uint16_t>(row[2 * e] | (row[2 * e + 1] << 8));
-      } else if (c.kind == kFormatFlat || e < c.latent) {
-        v = fp8_as_bf16(row[e], c.fnuz);
-      } else {
-        const uint8_t* r = row + c.latent + 4 * tiles + 2 * (e - c.latent);
-        v = static_cast<uint16_t>(r[0] | (r[1] << 8));
-      }
-    }
-    raw[i] = v;
+  for (int i = tid; i < tokens * row_width; i += nthreads) {
+    const int t = i / row_width, col = i - t * row_width;
+    const int e = col < c.latent ? col : (col >= rope_col && col - rope_col < c.rope ? c.latent + col - rope_col : -1);
+    raw[i] = t < n && e >= 0 ? raw_value(c, token_row(c, s0 + t), e) : 0;
   }
 }
 
@@ -242,7 +243,7 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
   for (int s0 = r.kv_start; s0 < kv_hi; s0 += kTile) {
     const int n = kv_hi - s0 < kTile ? kv_hi - s0 : kTile;
     k3::sync_threads();  // the previous tile is consumed
-    load_tile(c, s0, n, raw, mult);
+    load_tile(c, s0, n, kTile, width, c.latent, raw, mult);
     k3::sync_threads();
     // QK^T: lane-partial dots of every row with every token, then the reduce-scatter.
     float part[kRowsPerWarp][kTile];

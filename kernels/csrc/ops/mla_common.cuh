@@ -11,6 +11,17 @@
 #define MLA_UNROLL _Pragma("unroll")
 #endif
 
+// Most threads per block a kernel is launched with, so that the compiler may use the register
+// file of a 256-thread block (HIP otherwise assumes 1024 threads and spills to scratch). The
+// dialect has no spelling for it yet.
+#if K3_TARGET_CUDA
+#define MLA_MAX_THREADS(n) __launch_bounds__(n)
+#elif K3_TARGET_HIP
+#define MLA_MAX_THREADS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#else
+#define MLA_MAX_THREADS(n)
+#endif
+
 namespace mla {
 
 // Cache format codes as the launchers pass them (kernels/src/ops/mla_*.rs).

@@ -1,14 +1,15 @@
 // Absorbed MLA over the paged latent cache (kernel-api ops/mla_decode.rs is the spec): the
 // Gluon-style split-KV decode, the asm-style persistent decode with its device-side work
-// partition, the LSE reduce of both, and the ragged absorbed prefill. All share the attention
-// core of mla_attend.cuh (256 threads, 16-row tiles, 32-token KV tiles in shared memory).
+// partition, the LSE reduce of both, and the ragged absorbed prefill. All share one attention
+// core per path: `*_mma` kernels (bf16 queries) run the tensor-core core of mla_attend_mma.cuh,
+// the others the f32 SIMT core of mla_attend.cuh (256 threads and 16-row tiles in both).
 //
 // Workspace (floats / ints, byte offsets from the plan): partial outs [slot][q_len][16][latent],
 // partial LSEs [slot][q_len][16]; asm plans then hold the schedule the metadata kernel writes:
 // items [n_items][5] = (batch, head_group, kv_start, kv_end, slot or -1), cu_indptr [cus + 1],
 // reduce entries [n_reduce][4] = (batch, head_group, first slot, count).
 #include "k3/compat.h"
-#include "mla_attend.cuh"
+#include "mla_attend_mma.cuh"
 
 namespace {
 
@@ -75,10 +76,23 @@ K3_DEVICE mla::Dest decode_dest(int b, int g, int slot, int q_len, int latent, v
   return d;
 }
 
+// One row tile on the chosen core.
+template <bool kMma>
+K3_DEVICE void attend_tile(const mla::Cache& c, const mla::Query& q, const mla::Rows& r, float score_scale,
+                           float out_scale, const mla::Dest& dst) {
+  if constexpr (kMma) {
+    mla::attend_mma(c, q, r, score_scale, out_scale, dst, k3::dynamic_shared<uint8_t>());
+  } else {
+    const Smem sm = carve_shared();
+    mla::attend(c, q, r, score_scale, out_scale, dst, sm.raw, sm.mult, sm.pbuf);
+  }
+}
+
 // Runs every row tile of one decode item (all q_len queries x the group's heads).
+template <bool kMma>
 K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, int heads, int q_len, int seq_len, int g,
                            int kv_start, int kv_end, int rt_begin, int rt_step, float score_scale, float out_scale,
-                           const mla::Dest& dst, const Smem& sm) {
+                           const mla::Dest& dst) {
   const int gh = heads - g * mla::kRows < mla::kRows ? heads - g * mla::kRows : mla::kRows;
   const int tiles = (q_len * gh + mla::kRows - 1) / mla::kRows;
   for (int rt = rt_begin; rt < tiles; rt += rt_step) {
@@ -92,21 +106,23 @@ K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, int heads, 
     r.n_keys = seq_len;
     r.kv_start = kv_start;
     r.kv_end = kv_end;
-    mla::attend(c, q, r, score_scale, out_scale, dst, sm.raw, sm.mult, sm.pbuf);
+    attend_tile<kMma>(c, q, r, score_scale, out_scale, dst);
   }
 }
 
-}  // namespace
+// Kernel parameters shared by the Gluon and asm decode kernels (and their arguments).
+#define MLA_DECODE_PARAMS                                                                                         \
+  const void *q, int q_dt, int64_t q_sb, int64_t q_st, int64_t q_sh, const uint8_t *cache, int64_t page_stride,   \
+      int64_t row_stride, int page_size, int kind, int fnuz, int latent, int rope, const int *block_table,       \
+      int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, void *out, int out_dt, int64_t o_sb,      \
+      int64_t o_st, int64_t o_sh, float *lse, int64_t l_sb, int64_t l_st, int64_t l_sh, float *ws,              \
+      int64_t ws_lse_off, int heads, int q_len
+#define MLA_DECODE_ARGS                                                                                    \
+  q, q_dt, q_sb, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table, \
+      bt_sb, bt_sp, seq_lens, sl_s, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off, heads, q_len
 
-// Gluon style: grid (batch, head_groups x q_len row tiles, num_splits). Split k of sequence b
-// covers keys [k*chunk, (k+1)*chunk) with chunk = ceil(seq_len / num_splits); with one split the
-// block writes out/lse, else partial slot (b*head_groups + g)*num_splits + k.
-K3_KERNEL void mla_decode_gluon(const void* q, int q_dt, int64_t q_sb, int64_t q_st, int64_t q_sh, const uint8_t* cache,
-                                int64_t page_stride, int64_t row_stride, int page_size, int kind, int fnuz, int latent,
-                                int rope, const int* block_table, int64_t bt_sb, int64_t bt_sp, const int* seq_lens,
-                                int64_t sl_s, void* out, int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh, float* lse,
-                                int64_t l_sb, int64_t l_st, int64_t l_sh, float* ws, int64_t ws_lse_off, int heads,
-                                int q_len, int num_splits, float score_scale, float out_scale) {
+template <bool kMma>
+K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale) {
   const int b = static_cast<int>(k3::block_idx_x());
   const int g = static_cast<int>(k3::block_idx_y()) / q_len;
   const int rt = static_cast<int>(k3::block_idx_y()) % q_len;
@@ -120,9 +136,36 @@ K3_KERNEL void mla_decode_gluon(const void* q, int q_dt, int64_t q_sb, int64_t q
   const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
   const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
   const mla::Dest d = decode_dest(b, g, slot, q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
-  decode_item(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, rt, q_len, score_scale, out_scale, d, carve_shared());
+  decode_item<kMma>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, rt, q_len, score_scale, out_scale, d);
+}
+
+template <bool kMma>
+K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale) {
+  const int unit = static_cast<int>(k3::block_idx_x());
+  for (int w = cu_indptr[unit]; w < cu_indptr[unit + 1]; ++w) {
+    const int* it = items + 5 * static_cast<int64_t>(w);
+    const int b = it[0], g = it[1];
+    const int seq_len = seq_lens[b * sl_s];
+    const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
+    const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
+    const mla::Dest d = decode_dest(b, g, it[4], q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
+    decode_item<kMma>(c, qq, heads, q_len, seq_len, g, it[2], it[3], 0, 1, score_scale, out_scale, d);
+  }
+}
+
+}  // namespace
+
+// Gluon style: grid (batch, head_groups x q_len row tiles, num_splits). Split k of sequence b
+// covers keys [k*chunk, (k+1)*chunk) with chunk = ceil(seq_len / num_splits); with one split the
+// block writes out/lse, else partial slot (b*head_groups + g)*num_splits + k.
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale) {
+  gluon_body<false>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale);
 }
 K3_EXPORT(mla_decode_gluon);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon_mma(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale) {
+  gluon_body<true>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale);
+}
+K3_EXPORT(mla_decode_gluon_mma);
 
 namespace {
 
@@ -213,25 +256,14 @@ K3_EXPORT(mla_decode_asm_schedule);
 
 // Asm style, persistent: one block per compute unit walks its items (from the schedule in the
 // workspace), each over all of its row tiles.
-K3_KERNEL void mla_decode_asm(const void* q, int q_dt, int64_t q_sb, int64_t q_st, int64_t q_sh, const uint8_t* cache,
-                              int64_t page_stride, int64_t row_stride, int page_size, int kind, int fnuz, int latent,
-                              int rope, const int* block_table, int64_t bt_sb, int64_t bt_sp, const int* seq_lens,
-                              int64_t sl_s, void* out, int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh, float* lse,
-                              int64_t l_sb, int64_t l_st, int64_t l_sh, float* ws, int64_t ws_lse_off, int heads,
-                              int q_len, const int* items, const int* cu_indptr, float score_scale, float out_scale) {
-  const int unit = static_cast<int>(k3::block_idx_x());
-  const Smem sm = carve_shared();
-  for (int w = cu_indptr[unit]; w < cu_indptr[unit + 1]; ++w) {
-    const int* it = items + 5 * static_cast<int64_t>(w);
-    const int b = it[0], g = it[1];
-    const int seq_len = seq_lens[b * sl_s];
-    const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
-    const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
-    const mla::Dest d = decode_dest(b, g, it[4], q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
-    decode_item(c, qq, heads, q_len, seq_len, g, it[2], it[3], 0, 1, score_scale, out_scale, d, sm);
-  }
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale) {
+  asm_body<false>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale);
 }
 K3_EXPORT(mla_decode_asm);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale) {
+  asm_body<true>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale);
+}
+K3_EXPORT(mla_decode_asm_mma);
 
 // Merges the partial slots of one (sequence, head group) per block by LSE into out/lse. Entries
 // come from the asm schedule (`reduce` non-null) or, for Gluon, are entry e = b*head_groups + g
@@ -287,12 +319,20 @@ K3_EXPORT(mla_decode_reduce);
 // Ragged absorbed prefill: grid (row tiles, head groups, batch). Sequence b's queries are rows
 // cu_q[b] .. cu_q[b+1] of q; its block (row tile rt of q_len_b x gh rows) attends to all of the
 // sequence's seq_len keys, causally from position seq_len - q_len_b when `causal`.
-K3_KERNEL void mla_prefill_absorbed(const void* q, int q_dt, int64_t q_st, int64_t q_sh, const uint8_t* cache,
-                                    int64_t page_stride, int64_t row_stride, int page_size, int kind, int fnuz,
-                                    int latent, int rope, const int* block_table, int64_t bt_sb, int64_t bt_sp,
-                                    const int* seq_lens, int64_t sl_s, const int* cu_q, int64_t cu_s, void* out,
-                                    int out_dt, int64_t o_st, int64_t o_sh, float* lse, int64_t l_st, int64_t l_sh,
-                                    int heads, int causal, float score_scale, float out_scale) {
+#define MLA_PREFILL_ABSORBED_PARAMS                                                                              \
+  const void *q, int q_dt, int64_t q_st, int64_t q_sh, const uint8_t *cache, int64_t page_stride,              \
+      int64_t row_stride, int page_size, int kind, int fnuz, int latent, int rope, const int *block_table,    \
+      int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, const int *cu_q, int64_t cu_s, void *out, \
+      int out_dt, int64_t o_st, int64_t o_sh, float *lse, int64_t l_st, int64_t l_sh, int heads, int causal,   \
+      float score_scale, float out_scale
+#define MLA_PREFILL_ABSORBED_ARGS                                                                             \
+  q, q_dt, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table, bt_sb, \
+      bt_sp, seq_lens, sl_s, cu_q, cu_s, out, out_dt, o_st, o_sh, lse, l_st, l_sh, heads, causal, score_scale,  \
+      out_scale
+
+namespace {
+template <bool kMma>
+K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) {
   const int rt = static_cast<int>(k3::block_idx_x());
   const int g = static_cast<int>(k3::block_idx_y());
   const int b = static_cast<int>(k3::block_idx_z());
@@ -324,7 +364,11 @@ K3_KERNEL void mla_prefill_absorbed(const void* q, int q_dt, int64_t q_st, int64
   r.n_keys = seq_len;
   r.kv_start = 0;
   r.kv_end = seq_len;
-  const Smem sm = carve_shared();
-  mla::attend(c, qq, r, score_scale, out_scale, d, sm.raw, sm.mult, sm.pbuf);
+  attend_tile<kMma>(c, qq, r, score_scale, out_scale, d);
 }
+}  // namespace
+
+K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<false>(MLA_PREFILL_ABSORBED_ARGS); }
 K3_EXPORT(mla_prefill_absorbed);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<true>(MLA_PREFILL_ABSORBED_ARGS); }
+K3_EXPORT(mla_prefill_absorbed_mma);

@@ -8,6 +8,7 @@
 // accumulate output dims c, c + 16, ... in registers (online softmax, f32). The causal mask is
 // bottom-right aligned; key tiles past a query tile's last visible key are never loaded.
 #include "k3/compat.h"
+#include "mla_common.cuh"
 
 namespace {
 
@@ -22,7 +23,7 @@ constexpr int kPrefillAcc = kPrefillMaxV / kPrefillKeys;
 // q [*, heads, dqk], k [*, heads, dqk], v [*, heads, dv] (row / head strides in elements, unit
 // inner stride, one dtype); cu_q / cu_k offsets (cu_k null: self-attention); out [*, heads, dv];
 // lse [*, heads] or null.
-K3_KERNEL void mla_prefill(const void* q, const void* k, const void* v, int in_dt, int64_t q_st, int64_t q_sh,
+K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill(const void* q, const void* k, const void* v, int in_dt, int64_t q_st, int64_t q_sh,
                            int64_t k_st, int64_t k_sh, int64_t v_st, int64_t v_sh, const void* cu_q, int cu_q_dt,
                            const void* cu_k, int cu_k_dt, void* out, int out_dt, int64_t o_st, int64_t o_sh,
                            float* lse, int64_t l_st, int64_t l_sh, int dqk, int dv, int causal, float scale) {

@@ -7,6 +7,9 @@
 //!   device `seq_lens`, `mla_decode_asm` runs one persistent block per compute unit over its
 //!   items, `mla_decode_reduce` merges the split pairs.
 //! - Prefill: one launch over (row tile, head group, sequence) reading the device `cu_seqlens_q`.
+//!
+//! bf16 queries run the `*_mma` kernels (QK^T and PV on tensor cores / MFMA), f32 queries the
+//! f32 SIMT kernels (the tests hold f32 inputs to f32 accuracy, which bf16 operands cannot give).
 
 use super::mla_format::{format_codes, ByteLayout};
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
@@ -19,13 +22,14 @@ use kernel_api::ops::mla_decode::{
 };
 use kernel_api::ops::MlaDecodeParams;
 use kernel_api::error::Reasons;
-use kernel_api::{Error, Result, TensorRef};
+use kernel_api::{DType, Error, Result, TensorRef};
 
 /// Threads of the attention kernels (`mla::kBlock`), rows per row tile (`mla::kRows`), tokens
 /// per KV tile (`mla::kTile`) and the SIMT path's register budget.
 const BLOCK: u32 = 256;
 const ROWS: usize = 16;
 const TILE: usize = 32;
+const MMA_TILE: usize = 16;
 const MAX_LATENT: usize = 512;
 const MAX_WIDTH: usize = 576;
 const SCHEDULE_THREADS: u32 = 256;
@@ -35,6 +39,19 @@ const MAX_GRID_YZ: usize = 65_535;
 /// `mla::shared_bytes`: probabilities, tile multipliers and the bf16 raw KV tile.
 fn shared_bytes(width: usize) -> u32 {
     (4 * ROWS * TILE + 4 * TILE * 5 + 2 * TILE * width) as u32
+}
+
+/// Which attention core a launch uses: the tensor-core one (`*_mma` kernels) for bf16 queries
+/// whose 16-padded row fits, else the f32 SIMT one. Returns the kernel name suffix and the
+/// dynamic shared bytes.
+fn core(q_dtype: DType, c: &MlaPagedCache) -> (&'static str, u32) {
+    let wpad = c.dims.latent.next_multiple_of(16) + c.dims.rope.next_multiple_of(16);
+    if q_dtype == DType::BF16 && wpad <= MAX_WIDTH {
+        // `mla::mma_shared_bytes`: 8 warps' partial scores, P, alpha, l, multipliers, raw tile.
+        ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + 2 * MMA_TILE * wpad) as u32)
+    } else {
+        ("", shared_bytes(c.dims.width()))
+    }
 }
 
 fn cache_support(c: &MlaPagedCache, r: &mut Reasons) {
@@ -134,7 +151,7 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
             self.push_out(a, out.buf, &out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
             Ok(())
         };
-        let smem = shared_bytes(p.cache.dims.width());
+        let (suffix, smem) = core(q.layout.dtype, &p.cache);
         let batch = to_i32("batch", plan.batch)? as u32;
 
         match plan.kernel {
@@ -145,7 +162,7 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                 arg(&mut a, score_scale);
                 arg(&mut a, out_scale);
                 let grid = (batch, grid_dim("params.heads x params.q_len", plan.head_groups * q_len)?, grid_dim("params.splits", s.num_splits)?);
-                self.launch("mla_decode_gluon", LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)?;
+                self.launch(&format!("mla_decode_gluon{suffix}"), LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)?;
                 if s.num_splits > 1 {
                     let mut a = KernelArgs::new();
                     reduce(&mut a, DevicePtr(0), s.num_splits as i32)?;
@@ -178,7 +195,7 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                 arg(&mut a, self.ws_ptr(ws, cu_indptr));
                 arg(&mut a, score_scale);
                 arg(&mut a, out_scale);
-                self.launch("mla_decode_asm", LaunchConfig::new(cus as u32, BLOCK, smem), &mut a, stream)?;
+                self.launch(&format!("mla_decode_asm{suffix}"), LaunchConfig::new(cus as u32, BLOCK, smem), &mut a, stream)?;
                 if !s.reduce.is_empty() {
                     let mut a = KernelArgs::new();
                     reduce(&mut a, self.ws_ptr(ws, reduce_map), 0)?;
@@ -256,6 +273,7 @@ impl<R: Runtime> MlaPrefillAbsorbed for GpuBackend<R> {
             grid_dim("params.heads", plan.head_groups)?,
             grid_dim("batch", plan.batch)?,
         );
-        self.launch("mla_prefill_absorbed", LaunchConfig::new(grid, BLOCK, shared_bytes(p.cache.dims.width())), &mut a, stream)
+        let (suffix, smem) = core(q.layout.dtype, &p.cache);
+        self.launch(&format!("mla_prefill_absorbed{suffix}"), LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)
     }
 }
