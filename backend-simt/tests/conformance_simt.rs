@@ -5,10 +5,7 @@ macro_rules! simt_suite {
     ($name:ident, $warp:expr) => {
         mod $name {
             kernel_api::conformance_suite!(
-                k3_backend_simt::simt_backend($warp),
-                pending = [
-                    mla_prefill, mla_cache_write, mla_decode, mla_prefill_absorbed
-                ]
+                k3_backend_simt::simt_backend($warp)
             );
         }
     };

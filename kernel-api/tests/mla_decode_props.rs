@@ -84,7 +84,12 @@ fn check_schedule(plan: &MlaDecodePlan, cus: u32) -> Result<(), TestCaseError> {
     }
     prop_assert!(slot_used.iter().all(|&u| u), "every slot is used");
     let (o, l) = (plan.params.q_len * HEAD_GROUP * plan.params.cache.dims.latent, plan.params.q_len * HEAD_GROUP);
-    prop_assert_eq!(plan.workspace_bytes(), s.num_partials * (o + l) * 4);
+    let schedule_ints = match plan.kernel {
+        MlaKernel::Asm => s.items.len() * 5 + s.cu_indptr.len() + s.reduce.len() * 4,
+        MlaKernel::Gluon => 0,
+    };
+    prop_assert_eq!(plan.schedule_offset(), s.num_partials * (o + l) * 4);
+    prop_assert_eq!(plan.workspace_bytes(), s.num_partials * (o + l) * 4 + schedule_ints * 4);
     match plan.kernel {
         MlaKernel::Gluon => prop_assert!(s.cu_indptr.is_empty() && s.items.len() == plan.batch * plan.head_groups * s.num_splits),
         MlaKernel::Asm => {
@@ -93,6 +98,7 @@ fn check_schedule(plan: &MlaDecodePlan, cus: u32) -> Result<(), TestCaseError> {
             prop_assert_eq!(*s.cu_indptr.last().unwrap() as usize, s.items.len());
             let total: u64 = plan.seq_lens.iter().map(|&l| l as u64 * plan.head_groups as u64).sum();
             let quota = total.div_ceil(cus as u64).max(ASM_MIN_CHUNK_TOKENS as u64);
+            prop_assert_eq!(s.quota, quota);
             for w in s.cu_indptr.windows(2) {
                 let load: u64 = s.items[w[0] as usize..w[1] as usize].iter().map(|it| (it.kv_end - it.kv_start) as u64).sum();
                 prop_assert!(load <= quota, "unit load {} over quota {}", load, quota);

@@ -221,7 +221,8 @@ fn check_tiled_layout(rng: &mut TestRng, f: Fp8Flavor) {
 }
 
 /// Every cache format: the op on the same cache bytes agrees with the oracle's own decoder to
-/// f32 level (Tolerance::F32: same algorithm on identical decoded inputs, f32 output); bf16
+/// f32 level (Tolerance::F32: same algorithm on identical decoded inputs, f32 output), also
+/// with bf16 queries (exact inputs: a tensor-core path must keep f32 accuracy); bf16
 /// outputs within Tolerance::BF16; a bf16-typed view of the Bf16 cache and a strided layer
 /// slice of the pool give the same result; fp8 caches agree with the bf16 cache of the same
 /// raw values within Tolerance::FP8_E4M3 (the error of e4m3 storage of c and k_pe).
@@ -248,10 +249,15 @@ pub fn mla_decode_every_cache_format<B: Backend + MlaDecode>(b: &B) {
             assert_close(&what, &out, &want, Tolerance::F32);
             assert_close(&format!("{what} lse"), &lse, &want_lse, Tolerance::F32);
             let qb = round_through(DType::BF16, &q);
-            let (want_b, _) = decode_oracle(&c, &qb, q_len, heads, scale as f64);
+            let (want_b, want_lse_b) = decode_oracle(&c, &qb, q_len, heads, scale as f64);
             let (out_b, lse_b, _) = decode(b, &c, &p, &qb, DType::BF16, DType::BF16);
             assert_close(&format!("{what} bf16 q/out"), &out_b, &want_b, Tolerance::BF16);
             assert!(lse_b.iter().all(|l| l.is_finite()), "{what}: bf16 lse must be finite");
+            // bf16 queries with an f32 output: the inputs are exact, so the output is held to f32
+            // accuracy (a GPU may run bf16 tensor-core products, but must keep P to ~16 bits).
+            let (out_bf, lse_bf, _) = decode(b, &c, &p, &qb, DType::BF16, DType::F32);
+            assert_close(&format!("{what} bf16 q, f32 out"), &out_bf, &want_b, Tolerance::F32);
+            assert_close(&format!("{what} bf16 q, f32 out lse"), &lse_bf, &want_lse_b, Tolerance::F32);
             match fmt {
                 KvCacheFormat::Bf16 => {
                     let mut d = Decode::new(b, &c, &p, &q, DType::F32, DType::F32);

@@ -69,7 +69,14 @@
 //! slot p, `out` f32 `[q_len, HEAD_GROUP, latent]` at byte [`MlaDecodePlan::partial_out_offset`]
 //! and `lse` f32 `[q_len, HEAD_GROUP]` at [`MlaDecodePlan::partial_lse_offset`] (all outs first,
 //! then all LSEs; masked head rows are unused). Items that cover a whole (batch, head group)
-//! write `out`/`lse` directly and need no slot. An unsplit plan needs no workspace.
+//! write `out`/`lse` directly and need no slot. An unsplit Gluon plan needs no workspace.
+//!
+//! AsmStyle plans also reserve room, after the LSEs at byte [`MlaDecodePlan::schedule_offset`],
+//! for the schedule as a GPU keeps it (i32): `items` `[n_items, 5]` = (batch, head group,
+//! kv_start, kv_end, slot or -1), `cu_indptr` `[compute_units + 1]`, `reduce` `[n_reduce, 4]` =
+//! (batch, head group, first slot, count). GPU backends rebuild it there with a device kernel
+//! from `seq_lens` (AITER's `get_mla_metadata_v1`: `run` never uploads); the CPU reference
+//! executes the host copy and leaves those bytes alone.
 //!
 //! # Dtypes
 //!
@@ -366,14 +373,33 @@ impl MlaDecodePlan {
         (rows * self.params.cache.dims.latent, rows)
     }
 
-    fn workspace_bytes_checked(&self) -> Option<usize> {
+    fn partial_bytes_checked(&self) -> Option<usize> {
         let (o, l) = self.slot_floats();
         self.schedule.num_partials.checked_mul(o + l)?.checked_mul(4)
     }
 
-    /// Bytes of workspace the schedule's partials need (0 for an unsplit plan).
+    /// i32 values of the device copy of the schedule (asm only; see the module docs).
+    fn schedule_ints(&self) -> Option<usize> {
+        let s = &self.schedule;
+        match self.kernel {
+            MlaKernel::Asm => s.items.len().checked_mul(5)?.checked_add(s.cu_indptr.len())?.checked_add(s.reduce.len().checked_mul(4)?),
+            MlaKernel::Gluon => Some(0),
+        }
+    }
+
+    fn workspace_bytes_checked(&self) -> Option<usize> {
+        self.partial_bytes_checked()?.checked_add(self.schedule_ints()?.checked_mul(4)?)
+    }
+
+    /// Bytes of workspace the plan needs: the partials, plus the device schedule of asm plans
+    /// (0 for an unsplit Gluon plan).
     pub fn workspace_bytes(&self) -> usize {
         self.workspace_bytes_checked().unwrap_or(usize::MAX)
+    }
+
+    /// Byte offset of the device schedule (asm plans): right after the partial LSEs.
+    pub fn schedule_offset(&self) -> usize {
+        self.partial_bytes_checked().unwrap_or(usize::MAX)
     }
 
     /// Byte offset of partial slot `p`'s `out` block (f32 `[q_len, HEAD_GROUP, latent]`).

@@ -117,7 +117,7 @@ impl<B: Backend + MlaPrefillAbsorbed> Prefill<B> {
 
 /// Ragged causal and non-causal blocks (an empty block, a block longer than one 64-row tile, a
 /// sequence without cached keys) agree with the f64 oracle to Tolerance::F32 (same algorithm on
-/// identical decoded inputs), bf16 outputs to Tolerance::BF16; causal prefill of equal blocks
+/// identical decoded inputs, f32 queries or bf16 ones), bf16 outputs to Tolerance::BF16; causal prefill of equal blocks
 /// equals MlaDecode on the same cache (Tolerance::F32: both ops share the math).
 pub fn mla_prefill_absorbed_matches_oracle<B: Backend + MlaPrefillAbsorbed + MlaDecode>(b: &B) {
     let mut rng = TestRng::new(0x41B0);
@@ -155,6 +155,9 @@ pub fn mla_prefill_absorbed_matches_oracle<B: Backend + MlaPrefillAbsorbed + Mla
         let (want_b, _) = oracle(&r, &qb, heads, scale as f64, causal);
         let (out_b, _) = Prefill::new(b, &r, heads, &qb, DType::BF16, DType::BF16).run(b, &r, &p).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_close(&format!("{what} bf16"), &out_b, &want_b, Tolerance::BF16);
+        // bf16 queries, f32 output: exact inputs, so f32 accuracy (see mla_decode_every_cache_format).
+        let (out_bf, _) = Prefill::new(b, &r, heads, &qb, DType::BF16, DType::F32).run(b, &r, &p).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_close(&format!("{what} bf16 q, f32 out"), &out_bf, &want_b, Tolerance::F32);
     }
 
     // Causal prefill with q_len tokens per sequence is decode.

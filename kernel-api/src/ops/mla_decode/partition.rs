@@ -52,6 +52,9 @@ pub struct MlaSchedule {
     pub reduce: Vec<MlaReduceEntry>,
     /// Workspace slots used by the items (`0..num_partials`).
     pub num_partials: usize,
+    /// Asm: key-tokens of work per compute unit (the cut points are its multiples, which is
+    /// what lets a device kernel rebuild this partition from `seq_lens`); Gluon: 0.
+    pub quota: u64,
 }
 
 impl MlaSchedule {
@@ -60,7 +63,7 @@ impl MlaSchedule {
         let cus = cus.max(1) as u64;
         let total: u64 = seq_lens.iter().map(|&l| l as u64 * head_groups as u64).sum();
         let quota = total.div_ceil(cus).max(ASM_MIN_CHUNK_TOKENS as u64);
-        let mut s = MlaSchedule { cu_indptr: vec![0], ..Self::default() };
+        let mut s = MlaSchedule { cu_indptr: vec![0], quota, ..Self::default() };
         let mut room = quota;
         for (b, &len) in seq_lens.iter().enumerate() {
             for g in 0..head_groups {

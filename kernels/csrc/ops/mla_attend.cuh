@@ -1,0 +1,329 @@
+// The attention core shared by every absorbed-MLA kernel (decode asm/Gluon, ragged prefill):
+// up to 16 (query, head) rows of one sequence and head group, attending to a key range of the
+// paged latent cache with an online softmax in f32. SIMT path (no tensor cores), 256 threads.
+//
+// Per KV tile of kTile = 32 tokens the block stages the tokens in shared memory as bf16 *raw*
+// values plus one f32 multiplier per (token, 128-tile):
+//   bf16 cache   raw = the stored bf16, multiplier 1;
+//   flat fp8     raw = the fp8 value (exact in bf16), multiplier 1; the per-tensor kv_scale is
+//                folded into the softmax temperature and into the output (AITER Gluon);
+//   tiled fp8    raw = the fp8 value, multiplier = the token's pow-2 tile scale (latent), 1 (rope).
+// This is the operand layout an MMA path would consume; the SIMT path multiplies in f32.
+//
+// Rows are spread over warps (kRowsPerWarp each). A warp keeps its rows' queries in registers,
+// lane l holding dims l, l + W, ... (W = warp size): QK^T per token is a lane-partial dot,
+// and the warp turns its 32 per-token partials into full scores with a shuffle reduce-scatter,
+// after which lane l holds token l / kDup. Max and sum are warp reductions; rows go through
+// them in pairs, two floats per 8-byte shuffle. The probabilities go through a per-warp shared
+// row, and PV accumulates lane-owned latent dims in registers. Two block barriers per KV tile;
+// everything else is warp-synchronous.
+#ifndef K3_OPS_MLA_ATTEND_CUH
+#define K3_OPS_MLA_ATTEND_CUH
+
+#include "mla_common.cuh"
+
+namespace mla {
+
+constexpr int kBlock = 256;
+constexpr int kTile = 32;                 // tokens per shared-memory KV tile
+constexpr int kRows = 16;                 // (query, head) rows per row tile: one MMA M tile
+constexpr int kMaxLatent = 512;           // the SIMT path's register budget (K3: 512 + 64)
+constexpr int kMaxWidth = 576;
+constexpr int kMultSlots = 5;             // 4 latent scale tiles + one "1.0" slot for rope dims
+constexpr int kWarps = kBlock / k3::kWarpSize;
+constexpr int kRowsPerWarp = kRows / kWarps;
+constexpr int kQRegs = kMaxWidth / k3::kWarpSize;
+constexpr int kAccRegs = kMaxLatent / k3::kWarpSize;
+constexpr int kDup = k3::kWarpSize / kTile;  // lanes holding the same token after the scatter
+
+// Dynamic shared bytes of the core for a cache row of `width` values.
+K3_HOST_DEVICE constexpr int shared_bytes(int width) {
+  return 4 * kRows * kTile + 4 * kTile * kMultSlots + 2 * kTile * width;
+}
+
+// The paged cache as the kernels address it.
+struct Cache {
+  const uint8_t* base;    // byte address of (page 0, row 0)
+  int64_t page_stride;    // bytes
+  int64_t row_stride;     // bytes
+  const int* block_table; // row of the current sequence is set per item
+  int64_t bt_col_stride;  // elements
+  int page_size;
+  int kind;               // kFormat*
+  int fnuz;
+  int latent;
+  int rope;
+};
+
+// Where a row tile's results go: out[off + i*st + (head_base + k)*sh + d], lse likewise (may be
+// null). Direct output: head_base = first head of the group; workspace slot: head_base = 0.
+struct Dest {
+  void* out;
+  int out_dt;
+  int64_t off, st, sh;
+  float* lse;
+  int64_t loff, lst, lsh;
+  int head_base;
+};
+
+// The query block: q[off + i*st + h*sh + d].
+struct Query {
+  const void* q;
+  int dt;
+  int64_t off, st, sh;
+};
+
+// One row tile: rows rho in [rho0, rho0 + kRows) of the item's q_rows x gh rows, row rho being
+// query i = rho / gh, head k = rho % gh of the group (first head head0). Query i sees keys below
+// causal ? first_pos + i + 1 : n_keys, intersected with [kv_start, kv_end).
+struct Rows {
+  int rho0;
+  int q_rows;
+  int gh;
+  int head0;
+  int causal;
+  int first_pos;
+  int n_keys;
+  int kv_start;
+  int kv_end;
+};
+
+K3_DEVICE const uint8_t* token_row(const Cache& c, int s) {
+  const int64_t page = c.block_table[static_cast<int64_t>(s / c.page_size) * c.bt_col_stride];
+  return c.base + page * c.page_stride + static_cast<int64_t>(s % c.page_size) * c.row_stride;
+}
+
+K3_DEVICE uint16_t fp8_as_bf16(uint8_t b, int fnuz) { return k3::f32_to_bf16(decode_fp8(b, fnuz)).bits; }
+
+// bf16 bits of logical value e (0 <= e < latent + rope) of a token row, as staged (see above).
+K3_DEVICE uint16_t raw_value(const Cache& c, const uint8_t* row, int e) {
+  if (c.kind == kFormatBf16) return static_cast<uint16_t>(row[2 * e] | (row[2 * e + 1] << 8));
+  if (c.kind == kFormatFlat || e < c.latent) return fp8_as_bf16(row[e], c.fnuz);
+  const int tiles = (c.latent + kScaleTile - 1) / kScaleTile;
+  const uint8_t* r = row + c.latent + 4 * tiles + 2 * (e - c.latent);
+  return static_cast<uint16_t>(r[0] | (r[1] << 8));
+}
+
+// Stages tokens s0 .. s0 + n (n <= tokens) as rows of `row_width` raw bf16 values plus
+// multipliers: latent values at columns [0, latent), rope values from column `rope_col`
+// (latent for the SIMT core, latent rounded up to 16 for the MMA core); every other column and
+// every row past n is zero.
+K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_width, int rope_col, uint16_t* raw, float* mult) {
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int nthreads = static_cast<int>(k3::block_dim_x());
+  const int tiles = (c.latent + kScaleTile - 1) / kScaleTile;
+  for (int i = tid; i < tokens * kMultSlots; i += nthreads) {
+    const int t = i / kMultSlots, slot = i % kMultSlots;
+    float m = 1.0f;
+    if (c.kind == kFormatTiled && t < n && slot < tiles) {
+      const uint8_t* p = token_row(c, s0 + t) + c.latent + 4 * slot;
+      m = k3::uint_as_float(static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+                            (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24));
+    }
+    mult[i] = m;
+  }
+  for (int i = tid; i < tokens * row_width; i += nthreads) {
+    const int t = i / row_width, col = i - t * row_width;
+    const int e = col < c.latent ? col : (col >= rope_col && col - rope_col < c.rope ? c.latent + col - rope_col : -1);
+    raw[i] = t < n && e >= 0 ? raw_value(c, token_row(c, s0 + t), e) : 0;
+  }
+}
+
+// Two floats moved by one 8-byte shuffle: the warp's rows are processed in pairs, which halves
+// the shuffle count of every reduction (on GPUs an 8-byte shuffle is two 4-byte ones anyway).
+struct F2 {
+  float a, b;
+};
+
+K3_DEVICE F2 shfl_xor2(float a, float b, int offset) {
+  const F2 v = {a, b};
+  return k3::shfl_xor(v, offset);
+}
+
+// Sums v[rr][0..kTile) over the warp for every row rr so that lane l ends with the full sum of
+// token l / kDup of each row (returned in v[rr][0]).
+K3_DEVICE void reduce_scatter(float (&v)[kRowsPerWarp][kTile]) {
+  const int lane = static_cast<int>(k3::lane_id());
+  int offset = k3::kWarpSize / 2;
+  MLA_UNROLL
+  for (int h = kTile / 2; h >= 1; h /= 2, offset /= 2) {
+    const bool upper = (lane & offset) != 0;
+    MLA_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
+      MLA_UNROLL
+      for (int k = 0; k < h; ++k) {
+        const F2 got = shfl_xor2(upper ? v[rr][k] : v[rr][k + h], upper ? v[rr + 1][k] : v[rr + 1][k + h], offset);
+        v[rr][k] = (upper ? v[rr][k + h] : v[rr][k]) + got.a;
+        v[rr + 1][k] = (upper ? v[rr + 1][k + h] : v[rr + 1][k]) + got.b;
+      }
+    }
+  }
+  MLA_UNROLL
+  for (; offset >= 1; offset /= 2) {
+    MLA_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
+      const F2 got = shfl_xor2(v[rr][0], v[rr + 1][0], offset);
+      v[rr][0] += got.a;
+      v[rr + 1][0] += got.b;
+    }
+  }
+}
+
+// Warp-wide max (ignoring NaN) or sum of x[rr] for every row, in place.
+K3_DEVICE void warp_max_rows(float (&x)[kRowsPerWarp]) {
+  MLA_UNROLL
+  for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) {
+    MLA_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
+      const F2 got = shfl_xor2(x[rr], x[rr + 1], o);
+      x[rr] = k3::max_f32(x[rr], got.a);
+      x[rr + 1] = k3::max_f32(x[rr + 1], got.b);
+    }
+  }
+}
+K3_DEVICE void warp_sum_rows(float (&x)[kRowsPerWarp]) {
+  MLA_UNROLL
+  for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) {
+    MLA_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
+      const F2 got = shfl_xor2(x[rr], x[rr + 1], o);
+      x[rr] += got.a;
+      x[rr + 1] += got.b;
+    }
+  }
+}
+
+// The row tile `r` of one work item. score_scale = softmax_scale (x kv_scale for flat fp8),
+// out_scale = kv_scale for flat fp8, else 1. Every thread of the block must call it (barriers).
+K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
+                      const Dest& dst, uint16_t* raw, float* mult, float* pbuf) {
+  const int lane = static_cast<int>(k3::lane_id());
+  const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;
+  const int width = c.latent + c.rope;
+  const float neg_inf = k3::uint_as_float(0xff800000u);
+  const int total_rows = r.q_rows * r.gh;
+
+  // Keys the tile as a whole needs: up to the limit of its last query.
+  const int last = (r.rho0 + kRows < total_rows ? r.rho0 + kRows : total_rows) - 1;
+  int kv_hi = r.causal ? r.first_pos + last / r.gh + 1 : r.n_keys;
+  kv_hi = kv_hi < r.kv_end ? kv_hi : r.kv_end;
+
+  int slot[kQRegs];
+  MLA_UNROLL
+  for (int j = 0; j < kQRegs; ++j) {
+    const int d = lane + j * k3::kWarpSize;
+    slot[j] = d < c.latent ? d / kScaleTile : kMultSlots - 1;
+  }
+  float qr[kRowsPerWarp][kQRegs];
+  float acc[kRowsPerWarp][kAccRegs];
+  float m[kRowsPerWarp], l[kRowsPerWarp];
+  int limit[kRowsPerWarp];
+  bool valid[kRowsPerWarp];
+  MLA_UNROLL
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int rho = r.rho0 + warp + rr * kWarps;
+    valid[rr] = rho < total_rows;
+    const int i = valid[rr] ? rho / r.gh : 0;
+    const int k = valid[rr] ? rho % r.gh : 0;
+    const int lim = r.causal ? r.first_pos + i + 1 : r.n_keys;
+    limit[rr] = !valid[rr] ? 0 : (lim < r.kv_end ? lim : r.kv_end);
+    m[rr] = neg_inf;
+    l[rr] = 0.0f;
+    MLA_UNROLL
+    for (int j = 0; j < kAccRegs; ++j) acc[rr][j] = 0.0f;
+    MLA_UNROLL
+    for (int j = 0; j < kQRegs; ++j) {
+      const int d = lane + j * k3::kWarpSize;
+      qr[rr][j] = valid[rr] && d < width ? k3::load_f32(q.q, q.dt, q.off + i * q.st + (r.head0 + k) * q.sh + d) : 0.0f;
+    }
+  }
+
+  const int tok = lane / kDup;
+  const bool owner = lane % kDup == 0;
+  for (int s0 = r.kv_start; s0 < kv_hi; s0 += kTile) {
+    const int n = kv_hi - s0 < kTile ? kv_hi - s0 : kTile;
+    k3::sync_threads();  // the previous tile is consumed
+    load_tile(c, s0, n, kTile, width, c.latent, raw, mult);
+    k3::sync_threads();
+    // QK^T: lane-partial dots of every row with every token, then the reduce-scatter.
+    float part[kRowsPerWarp][kTile];
+    MLA_UNROLL
+    for (int t = 0; t < kTile; ++t) {
+      const uint16_t* kr = raw + t * width;
+      const float* mt = mult + t * kMultSlots;
+      float kv[kQRegs];
+      MLA_UNROLL
+      for (int j = 0; j < kQRegs; ++j) {
+        const int d = lane + j * k3::kWarpSize;
+        kv[j] = d < width ? k3::bf16_to_f32(k3::bf16{kr[d]}) * mt[slot[j]] : 0.0f;
+      }
+      MLA_UNROLL
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        float s = 0.0f;
+        MLA_UNROLL
+        for (int j = 0; j < kQRegs; ++j) s += qr[rr][j] * kv[j];
+        part[rr][t] = s;
+      }
+    }
+    reduce_scatter(part);
+    // Online softmax; lane `tok` holds this tile's score of token s0 + tok for every row.
+    float score[kRowsPerWarp], m_new[kRowsPerWarp], p[kRowsPerWarp];
+    MLA_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      score[rr] = tok < n && s0 + tok < limit[rr] ? part[rr][0] * score_scale : neg_inf;
+      m_new[rr] = score[rr];
+    }
+    warp_max_rows(m_new);
+    float alpha[kRowsPerWarp];
+    MLA_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      m_new[rr] = k3::max_f32(m[rr], m_new[rr]);
+      const bool live = m_new[rr] != neg_inf;  // some key of this row is visible so far
+      alpha[rr] = live ? k3::exp_f32(m[rr] - m_new[rr]) : 1.0f;
+      p[rr] = live && owner ? k3::exp_f32(score[rr] - m_new[rr]) : 0.0f;
+      if (owner) pbuf[(warp + rr * kWarps) * kTile + tok] = p[rr];
+    }
+    warp_sum_rows(p);
+    MLA_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      l[rr] = l[rr] * alpha[rr] + p[rr];
+      m[rr] = m_new[rr];
+    }
+    k3::sync_warp();  // the warp's probability rows are written
+    // PV: lane-owned latent dims of every row.
+    MLA_UNROLL
+    for (int j = 0; j < kAccRegs; ++j) {
+      const int d = lane + j * k3::kWarpSize;
+      if (d >= c.latent) break;
+      MLA_UNROLL
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) acc[rr][j] *= alpha[rr];
+      for (int t = 0; t < n; ++t) {
+        const float v = k3::bf16_to_f32(k3::bf16{raw[t * width + d]}) * mult[t * kMultSlots + slot[j]];
+        MLA_UNROLL
+        for (int rr = 0; rr < kRowsPerWarp; ++rr) acc[rr][j] += pbuf[(warp + rr * kWarps) * kTile + t] * v;
+      }
+    }
+  }
+
+  MLA_UNROLL
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    if (!valid[rr]) continue;
+    const int rho = r.rho0 + warp + rr * kWarps;
+    const int i = rho / r.gh, k = rho % r.gh;
+    const bool any = l[rr] > 0.0f;
+    const float inv = any ? out_scale / l[rr] : 0.0f;
+    const int64_t base = dst.off + i * dst.st + (dst.head_base + k) * dst.sh;
+    MLA_UNROLL
+    for (int j = 0; j < kAccRegs; ++j) {
+      const int d = lane + j * k3::kWarpSize;
+      if (d < c.latent) k3::store_f32(dst.out, dst.out_dt, base + d, acc[rr][j] * inv);
+    }
+    if (dst.lse != nullptr && lane == 0) {
+      dst.lse[dst.loff + i * dst.lst + (dst.head_base + k) * dst.lsh] = any ? m[rr] + k3::log_f32(l[rr]) : neg_inf;
+    }
+  }
+}
+
+}  // namespace mla
+
+#endif  // K3_OPS_MLA_ATTEND_CUH

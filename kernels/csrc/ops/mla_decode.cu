@@ -1,0 +1,374 @@
+// Absorbed MLA over the paged latent cache (kernel-api ops/mla_decode.rs is the spec): the
+// Gluon-style split-KV decode, the asm-style persistent decode with its device-side work
+// partition, the LSE reduce of both, and the ragged absorbed prefill. All share one attention
+// core per path: `*_mma` kernels (bf16 queries) run the tensor-core core of mla_attend_mma.cuh,
+// the others the f32 SIMT core of mla_attend.cuh (256 threads and 16-row tiles in both).
+//
+// Workspace (floats / ints, byte offsets from the plan): partial outs [slot][q_len][16][latent],
+// partial LSEs [slot][q_len][16]; asm plans then hold the schedule the metadata kernel writes:
+// items [n_items][5] = (batch, head_group, kv_start, kv_end, slot or -1), cu_indptr [cus + 1],
+// reduce entries [n_reduce][4] = (batch, head_group, first slot, count).
+#include "k3/compat.h"
+#include "mla_attend_mma.cuh"
+
+namespace {
+
+K3_DEVICE mla::Cache make_cache(const uint8_t* cache, int64_t page_stride, int64_t row_stride, int page_size, int kind,
+                                int fnuz, int latent, int rope, const int* bt_row, int64_t bt_sp) {
+  mla::Cache c;
+  c.base = cache;
+  c.page_stride = page_stride;
+  c.row_stride = row_stride;
+  c.block_table = bt_row;
+  c.bt_col_stride = bt_sp;
+  c.page_size = page_size;
+  c.kind = kind;
+  c.fnuz = fnuz;
+  c.latent = latent;
+  c.rope = rope;
+  return c;
+}
+
+struct Smem {
+  float* pbuf;
+  float* mult;
+  uint16_t* raw;
+};
+
+K3_DEVICE Smem carve_shared() {
+  uint8_t* s = k3::dynamic_shared<uint8_t>();
+  Smem m;
+  m.pbuf = reinterpret_cast<float*>(s);
+  m.mult = reinterpret_cast<float*>(s + 4 * mla::kRows * mla::kTile);
+  m.raw = reinterpret_cast<uint16_t*>(s + 4 * mla::kRows * mla::kTile + 4 * mla::kTile * mla::kMultSlots);
+  return m;
+}
+
+// Destination of one decode item of sequence b, head group g: the output tensors, or partial
+// slot `slot` of the workspace.
+K3_DEVICE mla::Dest decode_dest(int b, int g, int slot, int q_len, int latent, void* out, int out_dt, int64_t o_sb,
+                                int64_t o_st, int64_t o_sh, float* lse, int64_t l_sb, int64_t l_st, int64_t l_sh,
+                                float* ws, int64_t ws_lse_off) {
+  mla::Dest d;
+  if (slot < 0) {
+    d.out = out;
+    d.out_dt = out_dt;
+    d.off = b * o_sb;
+    d.st = o_st;
+    d.sh = o_sh;
+    d.lse = lse;
+    d.loff = b * l_sb;
+    d.lst = l_st;
+    d.lsh = l_sh;
+    d.head_base = g * mla::kRows;
+  } else {
+    d.out = ws;
+    d.out_dt = k3::kF32;
+    d.off = static_cast<int64_t>(slot) * q_len * mla::kRows * latent;
+    d.st = static_cast<int64_t>(mla::kRows) * latent;
+    d.sh = latent;
+    d.lse = ws;
+    d.loff = ws_lse_off + static_cast<int64_t>(slot) * q_len * mla::kRows;
+    d.lst = mla::kRows;
+    d.lsh = 1;
+    d.head_base = 0;
+  }
+  return d;
+}
+
+// One row tile on the chosen core.
+template <bool kMma>
+K3_DEVICE void attend_tile(const mla::Cache& c, const mla::Query& q, const mla::Rows& r, float score_scale,
+                           float out_scale, const mla::Dest& dst) {
+  if constexpr (kMma) {
+    mla::attend_mma(c, q, r, score_scale, out_scale, dst, k3::dynamic_shared<uint8_t>());
+  } else {
+    const Smem sm = carve_shared();
+    mla::attend(c, q, r, score_scale, out_scale, dst, sm.raw, sm.mult, sm.pbuf);
+  }
+}
+
+// Runs every row tile of one decode item (all q_len queries x the group's heads).
+template <bool kMma>
+K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, int heads, int q_len, int seq_len, int g,
+                           int kv_start, int kv_end, int rt_begin, int rt_step, float score_scale, float out_scale,
+                           const mla::Dest& dst) {
+  const int gh = heads - g * mla::kRows < mla::kRows ? heads - g * mla::kRows : mla::kRows;
+  const int tiles = (q_len * gh + mla::kRows - 1) / mla::kRows;
+  for (int rt = rt_begin; rt < tiles; rt += rt_step) {
+    mla::Rows r;
+    r.rho0 = rt * mla::kRows;
+    r.q_rows = q_len;
+    r.gh = gh;
+    r.head0 = g * mla::kRows;
+    r.causal = 1;
+    r.first_pos = seq_len - q_len;
+    r.n_keys = seq_len;
+    r.kv_start = kv_start;
+    r.kv_end = kv_end;
+    attend_tile<kMma>(c, q, r, score_scale, out_scale, dst);
+  }
+}
+
+// Kernel parameters shared by the Gluon and asm decode kernels (and their arguments).
+#define MLA_DECODE_PARAMS                                                                                         \
+  const void *q, int q_dt, int64_t q_sb, int64_t q_st, int64_t q_sh, const uint8_t *cache, int64_t page_stride,   \
+      int64_t row_stride, int page_size, int kind, int fnuz, int latent, int rope, const int *block_table,       \
+      int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, void *out, int out_dt, int64_t o_sb,      \
+      int64_t o_st, int64_t o_sh, float *lse, int64_t l_sb, int64_t l_st, int64_t l_sh, float *ws,              \
+      int64_t ws_lse_off, int heads, int q_len
+#define MLA_DECODE_ARGS                                                                                    \
+  q, q_dt, q_sb, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table, \
+      bt_sb, bt_sp, seq_lens, sl_s, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off, heads, q_len
+
+template <bool kMma>
+K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale) {
+  const int b = static_cast<int>(k3::block_idx_x());
+  const int g = static_cast<int>(k3::block_idx_y()) / q_len;
+  const int rt = static_cast<int>(k3::block_idx_y()) % q_len;
+  const int split = static_cast<int>(k3::block_idx_z());
+  const int head_groups = (heads + mla::kRows - 1) / mla::kRows;
+  const int seq_len = seq_lens[b * sl_s];
+  const int chunk = (seq_len + num_splits - 1) / num_splits;
+  const int kv_start = split * chunk < seq_len ? split * chunk : seq_len;
+  const int kv_end = kv_start + chunk < seq_len ? kv_start + chunk : seq_len;
+  const int slot = num_splits > 1 ? (b * head_groups + g) * num_splits + split : -1;
+  const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
+  const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
+  const mla::Dest d = decode_dest(b, g, slot, q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
+  decode_item<kMma>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, rt, q_len, score_scale, out_scale, d);
+}
+
+template <bool kMma>
+K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale) {
+  const int unit = static_cast<int>(k3::block_idx_x());
+  for (int w = cu_indptr[unit]; w < cu_indptr[unit + 1]; ++w) {
+    const int* it = items + 5 * static_cast<int64_t>(w);
+    const int b = it[0], g = it[1];
+    const int seq_len = seq_lens[b * sl_s];
+    const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
+    const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
+    const mla::Dest d = decode_dest(b, g, it[4], q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
+    decode_item<kMma>(c, qq, heads, q_len, seq_len, g, it[2], it[3], 0, 1, score_scale, out_scale, d);
+  }
+}
+
+}  // namespace
+
+// Gluon style: grid (batch, head_groups x q_len row tiles, num_splits). Split k of sequence b
+// covers keys [k*chunk, (k+1)*chunk) with chunk = ceil(seq_len / num_splits); with one split the
+// block writes out/lse, else partial slot (b*head_groups + g)*num_splits + k.
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale) {
+  gluon_body<false>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale);
+}
+K3_EXPORT(mla_decode_gluon);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon_mma(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale) {
+  gluon_body<true>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale);
+}
+K3_EXPORT(mla_decode_gluon_mma);
+
+namespace {
+
+constexpr int kScheduleThreads = 256;
+
+// Exclusive prefix of v over the block (every thread must call it); *total gets the block sum.
+K3_DEVICE int64_t block_exclusive_scan(int64_t v, int64_t* warp_sums, int64_t* total) {
+  const int lane = static_cast<int>(k3::lane_id());
+  const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;
+  const int warps = static_cast<int>(k3::block_dim_x()) / k3::kWarpSize;
+  int64_t x = v;
+  for (int o = 1; o < k3::kWarpSize; o *= 2) {
+    const int64_t y = k3::shfl_up(x, static_cast<unsigned>(o));
+    if (lane >= o) x += y;
+  }
+  if (lane == k3::kWarpSize - 1) warp_sums[warp] = x;
+  k3::sync_threads();
+  int64_t before = 0, all = 0;
+  for (int w = 0; w < warps; ++w) {
+    const int64_t s = warp_sums[w];
+    if (w < warp) before += s;
+    all += s;
+  }
+  k3::sync_threads();  // warp_sums is reused by the next scan
+  *total = all;
+  return before + x - v;
+}
+
+K3_DEVICE int64_t floor_div(int64_t a, int64_t b) { return a / b; }  // a >= 0, b > 0
+
+}  // namespace
+
+// The asm partition (kernel-api MlaSchedule::asm) computed on the device from seq_lens, one
+// block. The (sequence, head group) pairs, each seq_len key-tokens long, are laid end to end and
+// cut at every multiple of `quota`; unit u runs the items starting in [u*quota, (u+1)*quota).
+// Pairs cut into several items get consecutive partial slots and one reduce entry, in pair order.
+// Writes are bounded by the plan's counts (device seq_lens must equal the planned ones).
+K3_KERNEL void mla_decode_asm_schedule(const int* seq_lens, int64_t sl_s, int batch, int head_groups, int64_t quota,
+                                       int cus, int n_items, int n_reduce, int* items, int* cu_indptr, int* reduce) {
+  K3_SHARED(int64_t, warp_sums, [kScheduleThreads / k3::kWarpSize]);
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int64_t pairs = static_cast<int64_t>(batch) * head_groups;
+  int64_t carry_tokens = 0, carry_items = 0, carry_slots = 0, carry_reduce = 0;
+  for (int64_t base = 0; base < pairs; base += kScheduleThreads) {
+    const int64_t p = base + tid;
+    const bool valid = p < pairs;
+    const int b = valid ? static_cast<int>(p / head_groups) : 0;
+    const int g = valid ? static_cast<int>(p % head_groups) : 0;
+    const int64_t len = valid ? seq_lens[b * sl_s] : 0;
+    int64_t sum;
+    const int64_t off = carry_tokens + block_exclusive_scan(len, warp_sums, &sum);
+    carry_tokens += sum;
+    const int64_t n = len > 0 ? 1 + floor_div(off + len - 1, quota) - floor_div(off, quota) : 0;
+    const int64_t item0 = carry_items + block_exclusive_scan(n, warp_sums, &sum);
+    carry_items += sum;
+    const int64_t slot0 = carry_slots + block_exclusive_scan(n > 1 ? n : 0, warp_sums, &sum);
+    carry_slots += sum;
+    const int64_t entry = carry_reduce + block_exclusive_scan(n > 1 ? 1 : 0, warp_sums, &sum);
+    carry_reduce += sum;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t gs = k == 0 ? off : (floor_div(off, quota) + k) * quota;
+      const int64_t next = (floor_div(off, quota) + k + 1) * quota;
+      const int64_t ge = next < off + len ? next : off + len;
+      const int64_t idx = item0 + k;
+      if (idx < n_items) {
+        int* it = items + 5 * idx;
+        it[0] = b;
+        it[1] = g;
+        it[2] = static_cast<int>(gs - off);
+        it[3] = static_cast<int>(ge - off);
+        it[4] = n > 1 ? static_cast<int>(slot0 + k) : -1;
+        if (gs % quota == 0 && gs / quota < cus) cu_indptr[gs / quota] = static_cast<int>(idx);
+      }
+    }
+    if (n > 1 && entry < n_reduce) {
+      int* e = reduce + 4 * entry;
+      e[0] = b;
+      e[1] = g;
+      e[2] = static_cast<int>(slot0);
+      e[3] = static_cast<int>(n);
+    }
+  }
+  // Units past the work (and the end marker) point at the end of the item list.
+  const int64_t used = (carry_tokens + quota - 1) / quota;
+  for (int64_t u = used + tid; u <= cus; u += kScheduleThreads) cu_indptr[u] = static_cast<int>(carry_items);
+}
+K3_EXPORT(mla_decode_asm_schedule);
+
+// Asm style, persistent: one block per compute unit walks its items (from the schedule in the
+// workspace), each over all of its row tiles.
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale) {
+  asm_body<false>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale);
+}
+K3_EXPORT(mla_decode_asm);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale) {
+  asm_body<true>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale);
+}
+K3_EXPORT(mla_decode_asm_mma);
+
+// Merges the partial slots of one (sequence, head group) per block by LSE into out/lse. Entries
+// come from the asm schedule (`reduce` non-null) or, for Gluon, are entry e = b*head_groups + g
+// with slots e*num_splits .. +num_splits. Threads stride over rows x latent dims.
+K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int* reduce, int num_splits, int heads,
+                                 int q_len, int latent, void* out, int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh,
+                                 float* lse, int64_t l_sb, int64_t l_st, int64_t l_sh) {
+  const int e = static_cast<int>(k3::block_idx_x());
+  const int head_groups = (heads + mla::kRows - 1) / mla::kRows;
+  int b, g, first, count;
+  if (reduce != nullptr) {
+    b = reduce[4 * e];
+    g = reduce[4 * e + 1];
+    first = reduce[4 * e + 2];
+    count = reduce[4 * e + 3];
+  } else {
+    b = e / head_groups;
+    g = e % head_groups;
+    first = e * num_splits;
+    count = num_splits;
+  }
+  const int gh = heads - g * mla::kRows < mla::kRows ? heads - g * mla::kRows : mla::kRows;
+  const float neg_inf = k3::uint_as_float(0xff800000u);
+  const int64_t slot_out = static_cast<int64_t>(q_len) * mla::kRows * latent;
+  const int64_t slot_lse = static_cast<int64_t>(q_len) * mla::kRows;
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int nthreads = static_cast<int>(k3::block_dim_x());
+  for (int row = 0; row < q_len * gh; ++row) {
+    const int i = row / gh, k = row % gh;
+    const int srow = i * mla::kRows + k;
+    float m = neg_inf;
+    for (int p = 0; p < count; ++p) m = k3::max_f32(m, ws[ws_lse_off + (first + p) * slot_lse + srow]);
+    float total = 0.0f;
+    if (m != neg_inf) {
+      for (int p = 0; p < count; ++p) total += k3::exp_f32(ws[ws_lse_off + (first + p) * slot_lse + srow] - m);
+    }
+    const int h = g * mla::kRows + k;
+    for (int d = tid; d < latent; d += nthreads) {
+      float acc = 0.0f;
+      if (m != neg_inf) {
+        for (int p = 0; p < count; ++p) {
+          const float w = k3::exp_f32(ws[ws_lse_off + (first + p) * slot_lse + srow] - m) / total;
+          acc += w * ws[(first + p) * slot_out + static_cast<int64_t>(srow) * latent + d];
+        }
+      }
+      k3::store_f32(out, out_dt, b * o_sb + i * o_st + h * o_sh + d, acc);
+    }
+    if (lse != nullptr && tid == 0) lse[b * l_sb + i * l_st + h * l_sh] = m == neg_inf ? neg_inf : m + k3::log_f32(total);
+  }
+}
+K3_EXPORT(mla_decode_reduce);
+
+// Ragged absorbed prefill: grid (row tiles, head groups, batch). Sequence b's queries are rows
+// cu_q[b] .. cu_q[b+1] of q; its block (row tile rt of q_len_b x gh rows) attends to all of the
+// sequence's seq_len keys, causally from position seq_len - q_len_b when `causal`.
+#define MLA_PREFILL_ABSORBED_PARAMS                                                                              \
+  const void *q, int q_dt, int64_t q_st, int64_t q_sh, const uint8_t *cache, int64_t page_stride,              \
+      int64_t row_stride, int page_size, int kind, int fnuz, int latent, int rope, const int *block_table,    \
+      int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, const int *cu_q, int64_t cu_s, void *out, \
+      int out_dt, int64_t o_st, int64_t o_sh, float *lse, int64_t l_st, int64_t l_sh, int heads, int causal,   \
+      float score_scale, float out_scale
+#define MLA_PREFILL_ABSORBED_ARGS                                                                             \
+  q, q_dt, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table, bt_sb, \
+      bt_sp, seq_lens, sl_s, cu_q, cu_s, out, out_dt, o_st, o_sh, lse, l_st, l_sh, heads, causal, score_scale,  \
+      out_scale
+
+namespace {
+template <bool kMma>
+K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) {
+  const int rt = static_cast<int>(k3::block_idx_x());
+  const int g = static_cast<int>(k3::block_idx_y());
+  const int b = static_cast<int>(k3::block_idx_z());
+  const int q0 = cu_q[b * cu_s];
+  const int q_rows = cu_q[(b + 1) * cu_s] - q0;
+  const int gh = heads - g * mla::kRows < mla::kRows ? heads - g * mla::kRows : mla::kRows;
+  if (rt * mla::kRows >= q_rows * gh) return;  // block-uniform
+  const int seq_len = seq_lens[b * sl_s];
+  const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
+  const mla::Query qq = {q, q_dt, q0 * q_st, q_st, q_sh};
+  mla::Dest d;
+  d.out = out;
+  d.out_dt = out_dt;
+  d.off = q0 * o_st;
+  d.st = o_st;
+  d.sh = o_sh;
+  d.lse = lse;
+  d.loff = q0 * l_st;
+  d.lst = l_st;
+  d.lsh = l_sh;
+  d.head_base = g * mla::kRows;
+  mla::Rows r;
+  r.rho0 = rt * mla::kRows;
+  r.q_rows = q_rows;
+  r.gh = gh;
+  r.head0 = g * mla::kRows;
+  r.causal = causal;
+  r.first_pos = seq_len - q_rows;
+  r.n_keys = seq_len;
+  r.kv_start = 0;
+  r.kv_end = seq_len;
+  attend_tile<kMma>(c, qq, r, score_scale, out_scale, d);
+}
+}  // namespace
+
+K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<false>(MLA_PREFILL_ABSORBED_ARGS); }
+K3_EXPORT(mla_prefill_absorbed);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<true>(MLA_PREFILL_ABSORBED_ARGS); }
+K3_EXPORT(mla_prefill_absorbed_mma);

@@ -1,0 +1,279 @@
+//! Launchers of absorbed MLA decode (Gluon and asm style) and ragged absorbed prefill
+//! (`csrc/ops/mla_decode.cu`, core in `csrc/ops/mla_attend.cuh`).
+//!
+//! - Gluon: one launch over (batch, head group x query row tile, split), then, with more than
+//!   one split, `mla_decode_reduce` over the (batch, head group) entries.
+//! - Asm: `mla_decode_asm_schedule` rebuilds the plan's partition in the workspace from the
+//!   device `seq_lens`, `mla_decode_asm` runs one persistent block per compute unit over its
+//!   items, `mla_decode_reduce` merges the split pairs.
+//! - Prefill: one launch over (row tile, head group, sequence) reading the device `cu_seqlens_q`.
+//!
+//! bf16 queries run the `*_mma` kernels (QK^T and PV on tensor cores / MFMA), f32 queries the
+//! f32 SIMT kernels (the tests hold f32 inputs to f32 accuracy, which bf16 operands cannot give).
+
+use super::mla_format::{format_codes, ByteLayout};
+use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
+use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
+use kernel_api::ops::check_workspace;
+use kernel_api::ops::kv_cache::KvCacheFormat;
+use kernel_api::ops::mla_decode::{
+    MlaDecode, MlaDecodeArgs, MlaDecodePlan, MlaKernel, MlaPagedCache, MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedParams,
+    MlaPrefillAbsorbedPlan, HEAD_GROUP,
+};
+use kernel_api::ops::MlaDecodeParams;
+use kernel_api::error::Reasons;
+use kernel_api::{DType, Error, Result, TensorRef};
+
+/// Threads of the attention kernels (`mla::kBlock`), rows per row tile (`mla::kRows`), tokens
+/// per KV tile (`mla::kTile`) and the SIMT path's register budget.
+const BLOCK: u32 = 256;
+const ROWS: usize = 16;
+const TILE: usize = 32;
+const MMA_TILE: usize = 16;
+const MAX_LATENT: usize = 512;
+const MAX_WIDTH: usize = 576;
+const SCHEDULE_THREADS: u32 = 256;
+const REDUCE_THREADS: u32 = 128;
+const MAX_GRID_YZ: usize = 65_535;
+
+/// `mla::shared_bytes`: probabilities, tile multipliers and the bf16 raw KV tile.
+fn shared_bytes(width: usize) -> u32 {
+    (4 * ROWS * TILE + 4 * TILE * 5 + 2 * TILE * width) as u32
+}
+
+/// Which attention core a launch uses: the tensor-core one (`*_mma` kernels) for bf16 queries
+/// whose 16-padded row fits, else the f32 SIMT one. Returns the kernel name suffix and the
+/// dynamic shared bytes.
+fn core(q_dtype: DType, c: &MlaPagedCache) -> (&'static str, u32) {
+    let wpad = c.dims.latent.next_multiple_of(16) + c.dims.rope.next_multiple_of(16);
+    if q_dtype == DType::BF16 && wpad <= MAX_WIDTH {
+        // `mla::mma_shared_bytes`: 8 warps' partial scores, P, alpha, l, multipliers, raw tile.
+        ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + 2 * MMA_TILE * wpad) as u32)
+    } else {
+        ("", shared_bytes(c.dims.width()))
+    }
+}
+
+fn cache_support(c: &MlaPagedCache, r: &mut Reasons) {
+    r.require(c.dims.latent <= MAX_LATENT, "params.cache.dims.latent", format!("GPU MLA kernels take latent <= {MAX_LATENT}, got {}", c.dims.latent));
+    r.require(c.dims.width() <= MAX_WIDTH, "params.cache.dims", format!("GPU MLA kernels take latent + rope <= {MAX_WIDTH}, got {}", c.dims.width()));
+}
+
+/// `(softmax temperature, output multiplier)`: the flat fp8 scale folded into both (the kernels
+/// see the raw fp8 values).
+fn scales(c: &MlaPagedCache, softmax_scale: f32) -> (f32, f32) {
+    match c.format {
+        KvCacheFormat::Fp8Flat(_) => (softmax_scale * c.kv_scale, c.kv_scale),
+        _ => (softmax_scale, 1.0),
+    }
+}
+
+fn grid_dim(field: &str, n: usize) -> Result<u32> {
+    if n > MAX_GRID_YZ {
+        return Err(Error::unsupported(field, format!("{n} exceeds the grid's y/z limit {MAX_GRID_YZ}")));
+    }
+    Ok(n as u32)
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// Cache, block table and sequence lengths, in the order every attention kernel takes them.
+    fn push_cache(&self, a: &mut KernelArgs, c: &MlaPagedCache, cache: &TensorRef<'_, Self>, table: &TensorRef<'_, Self>, lens: &TensorRef<'_, Self>) -> Result<()> {
+        let (kind, fnuz) = format_codes(c.format);
+        let bl = ByteLayout::of(&cache.layout);
+        arg(a, self.ptr(cache.buf, &cache.layout));
+        arg(a, bl.page_stride);
+        arg(a, bl.row_stride);
+        arg(a, to_i32("params.cache.page_size", c.page_size)?);
+        arg(a, kind);
+        arg(a, fnuz);
+        arg(a, to_i32("params.cache.dims.latent", c.dims.latent)?);
+        arg(a, to_i32("params.cache.dims.rope", c.dims.rope)?);
+        arg(a, self.ptr(table.buf, &table.layout));
+        arg(a, table.layout.strides[0] as i64);
+        arg(a, table.layout.strides[1] as i64);
+        arg(a, self.ptr(lens.buf, &lens.layout));
+        arg(a, lens.layout.strides[0] as i64);
+        Ok(())
+    }
+
+    fn ws_ptr(&self, ws: Option<&R::Buffer>, byte: usize) -> DevicePtr {
+        ws.map_or(DevicePtr(0), |b| self.runtime().device_ptr(b).offset(byte as u64))
+    }
+}
+
+impl<R: Runtime> MlaDecode for GpuBackend<R> {
+    fn supports(&self, p: &MlaDecodeParams) -> Result<()> {
+        let mut r = Reasons::new();
+        cache_support(&p.cache, &mut r);
+        r.into_result()?;
+        to_i32("params.heads", p.heads)?;
+        Ok(())
+    }
+
+    fn run(&self, plan: &MlaDecodePlan, args: MlaDecodeArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<()> {
+        plan.check_args(self, &args)?;
+        check_workspace(self, ws.as_deref(), MlaDecode::workspace_size(self, plan))?;
+        MlaDecode::supports(self, &plan.params)?;
+        let p = &plan.params;
+        if plan.batch == 0 {
+            return Ok(());
+        }
+        let ws = ws.as_deref();
+        let s = &plan.schedule;
+        let (latent, q_len) = (p.cache.dims.latent, p.q_len);
+        let (score_scale, out_scale) = scales(&p.cache, p.softmax_scale);
+        let lse_off = (plan.partial_lse_offset(0) / 4) as i64;
+        let (q, out) = (&args.q, &args.out);
+
+        // Arguments common to both attention kernels, up to and including `q_len`.
+        let common = |a: &mut KernelArgs| -> Result<()> {
+            arg(a, self.ptr(q.buf, &q.layout));
+            arg(a, dtype_code(q.layout.dtype));
+            for &st in &q.layout.strides[..3] {
+                arg(a, st as i64);
+            }
+            self.push_cache(a, &p.cache, &args.kv_cache, &args.block_table, &args.seq_lens)?;
+            self.push_out(a, out.buf, &out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
+            arg(a, self.ws_ptr(ws, 0));
+            arg(a, lse_off);
+            arg(a, to_i32("params.heads", p.heads)?);
+            arg(a, to_i32("params.q_len", q_len)?);
+            Ok(())
+        };
+        let reduce = |a: &mut KernelArgs, meta: DevicePtr, splits: i32| -> Result<()> {
+            arg(a, self.ws_ptr(ws, 0));
+            arg(a, lse_off);
+            arg(a, meta);
+            arg(a, splits);
+            arg(a, to_i32("params.heads", p.heads)?);
+            arg(a, to_i32("params.q_len", q_len)?);
+            arg(a, to_i32("params.cache.dims.latent", latent)?);
+            self.push_out(a, out.buf, &out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
+            Ok(())
+        };
+        let (suffix, smem) = core(q.layout.dtype, &p.cache);
+        let batch = to_i32("batch", plan.batch)? as u32;
+
+        match plan.kernel {
+            MlaKernel::Gluon => {
+                let mut a = KernelArgs::new();
+                common(&mut a)?;
+                arg(&mut a, to_i32("params.splits", s.num_splits)?);
+                arg(&mut a, score_scale);
+                arg(&mut a, out_scale);
+                let grid = (batch, grid_dim("params.heads x params.q_len", plan.head_groups * q_len)?, grid_dim("params.splits", s.num_splits)?);
+                self.launch(&format!("mla_decode_gluon{suffix}"), LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)?;
+                if s.num_splits > 1 {
+                    let mut a = KernelArgs::new();
+                    reduce(&mut a, DevicePtr(0), s.num_splits as i32)?;
+                    let entries = to_i32("batch x head groups", plan.batch * plan.head_groups)? as u32;
+                    self.launch("mla_decode_reduce", LaunchConfig::new(entries, REDUCE_THREADS, 0), &mut a, stream)?;
+                }
+            }
+            MlaKernel::Asm => {
+                let cus = s.cu_indptr.len().saturating_sub(1);
+                let items = plan.schedule_offset();
+                let cu_indptr = items + 20 * s.items.len();
+                let reduce_map = cu_indptr + 4 * s.cu_indptr.len();
+                let mut a = KernelArgs::new();
+                arg(&mut a, self.ptr(args.seq_lens.buf, &args.seq_lens.layout));
+                arg(&mut a, args.seq_lens.layout.strides[0] as i64);
+                arg(&mut a, batch as i32);
+                arg(&mut a, to_i32("head groups", plan.head_groups)?);
+                arg(&mut a, i64::try_from(s.quota).map_err(|_| Error::unsupported("plan.schedule.quota", "exceeds i64"))?);
+                arg(&mut a, to_i32("compute units", cus)?);
+                arg(&mut a, to_i32("work items", s.items.len())?);
+                arg(&mut a, to_i32("reduce entries", s.reduce.len())?);
+                arg(&mut a, self.ws_ptr(ws, items));
+                arg(&mut a, self.ws_ptr(ws, cu_indptr));
+                arg(&mut a, self.ws_ptr(ws, reduce_map));
+                self.launch("mla_decode_asm_schedule", LaunchConfig::new(1u32, SCHEDULE_THREADS, 0), &mut a, stream)?;
+
+                let mut a = KernelArgs::new();
+                common(&mut a)?;
+                arg(&mut a, self.ws_ptr(ws, items));
+                arg(&mut a, self.ws_ptr(ws, cu_indptr));
+                arg(&mut a, score_scale);
+                arg(&mut a, out_scale);
+                self.launch(&format!("mla_decode_asm{suffix}"), LaunchConfig::new(cus as u32, BLOCK, smem), &mut a, stream)?;
+                if !s.reduce.is_empty() {
+                    let mut a = KernelArgs::new();
+                    reduce(&mut a, self.ws_ptr(ws, reduce_map), 0)?;
+                    let entries = to_i32("reduce entries", s.reduce.len())? as u32;
+                    self.launch("mla_decode_reduce", LaunchConfig::new(entries, REDUCE_THREADS, 0), &mut a, stream)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// `out` (pointer, dtype, strides) and the optional `lse` (pointer or null, strides).
+    fn push_out(&self, a: &mut KernelArgs, out_buf: &R::Buffer, out: &kernel_api::Layout, lse: Option<(&R::Buffer, &kernel_api::Layout)>) {
+        arg(a, self.ptr(out_buf, out));
+        arg(a, dtype_code(out.dtype));
+        let rank = out.strides.len();
+        for &st in &out.strides[..rank - 1] {
+            arg(a, st as i64);
+        }
+        match lse {
+            Some((buf, l)) => {
+                arg(a, self.ptr(buf, l));
+                for &st in &l.strides {
+                    arg(a, st as i64);
+                }
+            }
+            None => {
+                arg(a, DevicePtr(0));
+                for _ in 0..rank - 1 {
+                    arg(a, 0i64);
+                }
+            }
+        }
+    }
+}
+
+impl<R: Runtime> MlaPrefillAbsorbed for GpuBackend<R> {
+    fn supports(&self, p: &MlaPrefillAbsorbedParams) -> Result<()> {
+        let mut r = Reasons::new();
+        cache_support(&p.cache, &mut r);
+        r.into_result()?;
+        to_i32("params.heads", p.heads)?;
+        Ok(())
+    }
+
+    fn run(&self, plan: &MlaPrefillAbsorbedPlan, args: MlaPrefillAbsorbedArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<()> {
+        plan.check_args(self, &args)?;
+        check_workspace(self, ws.as_deref(), MlaPrefillAbsorbed::workspace_size(self, plan))?;
+        MlaPrefillAbsorbed::supports(self, &plan.params)?;
+        let p = &plan.params;
+        let max_q = plan.cu_seqlens_q.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
+        let row_tiles = (max_q * p.heads.min(HEAD_GROUP)).div_ceil(ROWS);
+        if plan.batch == 0 || row_tiles == 0 {
+            return Ok(());
+        }
+        let (score_scale, out_scale) = scales(&p.cache, p.softmax_scale);
+        let q = &args.q;
+        let mut a = KernelArgs::new();
+        arg(&mut a, self.ptr(q.buf, &q.layout));
+        arg(&mut a, dtype_code(q.layout.dtype));
+        arg(&mut a, q.layout.strides[0] as i64);
+        arg(&mut a, q.layout.strides[1] as i64);
+        self.push_cache(&mut a, &p.cache, &args.kv_cache, &args.block_table, &args.seq_lens)?;
+        arg(&mut a, self.ptr(args.cu_seqlens_q.buf, &args.cu_seqlens_q.layout));
+        arg(&mut a, args.cu_seqlens_q.layout.strides[0] as i64);
+        self.push_out(&mut a, &*args.out.buf, &args.out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
+        arg(&mut a, to_i32("params.heads", p.heads)?);
+        arg(&mut a, i32::from(p.causal));
+        arg(&mut a, score_scale);
+        arg(&mut a, out_scale);
+        let grid = (
+            to_i32("query row tiles", row_tiles)? as u32,
+            grid_dim("params.heads", plan.head_groups)?,
+            grid_dim("batch", plan.batch)?,
+        );
+        let (suffix, smem) = core(q.layout.dtype, &p.cache);
+        self.launch(&format!("mla_prefill_absorbed{suffix}"), LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)
+    }
+}
