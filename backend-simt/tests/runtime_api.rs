@@ -88,3 +88,34 @@ fn backend_round_trips_tensors_and_launches_on_its_buffers() {
         assert_eq!(sums, want);
     }
 }
+
+/// The dialect's 16-byte vector loads/stores: a vector body with a scalar tail, and raw copies.
+#[test]
+fn vector_loads_and_stores() {
+    for warp in WARPS {
+        let b = k3_backend_simt::simt_backend(warp).unwrap();
+        let n = 4 * 37 + 3;
+        let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let d = b.upload_tensor(&HostTensor::from_f32(DType::F32, &[n], &x).unwrap()).unwrap();
+        let out = b.alloc_zeroed(4 * n).unwrap();
+        let mut a = KernelArgs::new();
+        a.push(d.buf.device_ptr()).push(out.device_ptr()).push(n as i32);
+        // SAFETY: vec_scale2(const float*, float*, int) touches n floats of each buffer.
+        unsafe { b.runtime().launch_args("vec_scale2", &LaunchConfig::new(2, 16, 0), &mut a) }.unwrap();
+        let mut bytes = vec![0u8; 4 * n];
+        b.download(&out, &mut bytes).unwrap();
+        let got: Vec<f32> = bytes.chunks(4).map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(got, x.iter().map(|v| 2.0 * v).collect::<Vec<_>>(), "warp {warp}");
+
+        let src: Vec<u8> = (0..64u32).map(|i| (i * 7 + 3) as u8).collect();
+        let s = b.upload(&src).unwrap();
+        let dst = b.alloc_zeroed(64).unwrap();
+        let mut a = KernelArgs::new();
+        a.push(s.device_ptr()).push(dst.device_ptr()).push(4i32);
+        // SAFETY: vec_copy16(src, dst, 4) copies 4 chunks of 16 bytes within 64-byte buffers.
+        unsafe { b.runtime().launch_args("vec_copy16", &LaunchConfig::new(1, 32, 0), &mut a) }.unwrap();
+        let mut back = vec![0u8; 64];
+        b.download(&dst, &mut back).unwrap();
+        assert_eq!(back, src);
+    }
+}

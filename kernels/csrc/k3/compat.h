@@ -87,5 +87,6 @@ typedef long int64_t;
 #include "k3/warp.h"
 #include "k3/math.h"
 #include "k3/tensor.h"
+#include "k3/vec.h"
 
 #endif  // K3_COMPAT_H

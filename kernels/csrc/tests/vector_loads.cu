@@ -1,0 +1,22 @@
+// 16-byte vector loads/stores: out = 2 * x over n floats with a vector body and scalar tail, and a
+// raw 16-byte copy of bytes.
+#include "k3/compat.h"
+
+K3_KERNEL void vec_scale2(const float* x, float* out, int n) {
+  const int vec_n = k3::aligned16(x) && k3::aligned16(out) ? n / 4 : 0;
+  const int tid = static_cast<int>(k3::block_idx_x() * k3::block_dim_x() + k3::thread_idx_x());
+  const int stride = static_cast<int>(k3::grid_dim_x() * k3::block_dim_x());
+  for (int i = tid; i < vec_n; i += stride) {
+    k3::f32x4 v = k3::load_f32x4(x + 4 * i);
+    for (int j = 0; j < 4; ++j) v.v[j] *= 2.0f;
+    k3::store_f32x4(out + 4 * i, v);
+  }
+  for (int i = 4 * vec_n + tid; i < n; i += stride) out[i] = 2.0f * x[i];
+}
+K3_EXPORT(vec_scale2);
+
+K3_KERNEL void vec_copy16(const unsigned char* src, unsigned char* dst, int chunks) {
+  const int tid = static_cast<int>(k3::block_idx_x() * k3::block_dim_x() + k3::thread_idx_x());
+  if (tid < chunks) k3::store_16b(dst + 16 * tid, k3::load_16b(src + 16 * tid));
+}
+K3_EXPORT(vec_copy16);
