@@ -55,7 +55,26 @@ fn facts(path: &Path) -> SourceFacts {
             }
         }
     }
-    SourceFacts { uses_mma: text.contains("mma_sync("), exports }
+    SourceFacts { uses_mma: uses_mma(path, &text, 0), exports }
+}
+
+/// Whether `text` (the file at `path`) or a local header it includes (`#include "x.cuh"`,
+/// resolved next to it, recursively) calls mma_sync.
+fn uses_mma(path: &Path, text: &str, depth: usize) -> bool {
+    if text.contains("mma_sync(") {
+        return true;
+    }
+    if depth > 8 {
+        return false;
+    }
+    text.lines().filter_map(|l| l.trim().strip_prefix("#include \"")).filter_map(|r| r.split('"').next()).any(|inc| {
+        // Dialect headers (k3/...) define mma_sync; they are not uses of it.
+        if inc.starts_with("k3/") {
+            return false;
+        }
+        let p = path.parent().map(|d| d.join(inc)).unwrap_or_default();
+        std::fs::read_to_string(&p).is_ok_and(|t| uses_mma(&p, &t, depth + 1))
+    })
 }
 
 /// Kernels that must be in an image: exported at top level, or under `#if K3_WARP_SIZE == 64`
