@@ -209,7 +209,7 @@ fn normal<R: Runtime>(b: &GpuBackend<R>, dtype: DType, shape: &[usize], std: f32
 /// Bytes from `gen` (u8 tensors: MXFP4 codes and scales).
 fn bytes_of<R: Runtime>(b: &GpuBackend<R>, shape: &[usize], mut gen: impl FnMut() -> u8) -> Result<Dev<R>> {
     let n: usize = shape.iter().product();
-    let pattern: Vec<u8> = (0..n.min(PATTERN_BYTES).max(1)).map(|_| gen()).collect();
+    let pattern: Vec<u8> = (0..n.clamp(1, PATTERN_BYTES)).map(|_| gen()).collect();
     tiled(b, DType::U8, shape, &pattern)
 }
 
