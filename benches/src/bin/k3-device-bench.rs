@@ -650,3 +650,22 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tensors larger than the host pattern are filled by repeated D2D copies: every byte must
+    /// continue the pattern, across copy boundaries and in the partial last copy.
+    #[test]
+    fn tiled_fill_repeats_the_pattern_over_several_copies() {
+        let b = k3_backend_simt::simt_backend(32).expect("simt32");
+        let pattern = [3u8, 1, 4, 1, 5, 9, 2];
+        let n = 2 * PATTERN_BYTES + 12_345;
+        let t = tiled(&b, DType::U8, &[n], &pattern).expect("tiled");
+        let got = b.download_tensor(&t).expect("download").bytes;
+        assert_eq!(got.len(), n);
+        let bad = got.iter().enumerate().position(|(i, &v)| v != pattern[i % pattern.len()]);
+        assert_eq!(bad, None, "first wrong byte");
+    }
+}
