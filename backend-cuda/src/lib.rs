@@ -24,12 +24,14 @@ mod backend;
 pub mod blaslt;
 mod driver;
 mod dylib;
+mod graph;
 pub mod kernels;
 pub mod nvrtc;
 mod runtime;
 
 pub use backend::{cuda_backend, CudaBackend};
 pub use blaslt::{BlasLtArgs, BlasLtGemm, Operand, BLASLT_WORKSPACE_BYTES};
+pub use graph::CudaGraph;
 pub use kernels::{Arch, KernelSet};
 pub use runtime::{CudaBuffer, CudaEvent, CudaKernel, CudaModule, CudaRuntime, CudaStream, KernelOrigin, KernelSource};
 

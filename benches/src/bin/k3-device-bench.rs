@@ -1,0 +1,671 @@
+//! `k3-device-bench`: the K3 hot ops at production per-GPU shapes, timed with device events.
+//!
+//! ```text
+//! k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE]
+//!                 [--warmup N] [--iters N] [--copy-gbs GB/S]
+//! ```
+//!
+//! Ops (each through its trait's `plan` / `workspace_size` / `run`, as the conformance tests do):
+//! KDA chunked prefill (1×8192 and 8×1024 tokens), fused KDA decode (batch 1, 64, 1024), absorbed
+//! MLA decode (batch 1/16/64 at context 8k and 64k, bf16 and fp8-tiled caches), each at 12 and 96
+//! heads (96 = the whole model, 12 = one GPU of TP8); the latent MoE's routed path (router,
+//! align, MXFP4 grouped GEMMs gate-up and down, combine; 896 experts, top 16, latent 3584, expert
+//! width 384 = 3072 / TP8) at 1, 64 and 1024 tokens, per stage and in total. `--smoke` scales
+//! every shape down (heads 2, context 64, 8 experts) so the SIMT emulator finishes in seconds.
+//!
+//! Timing: `warmup` untimed runs, then `iters` runs each bracketed by two events on the default
+//! stream (`Runtime::record_event` / `elapsed_ms`); the row reports the median.
+//!
+//! Bytes model (`bytes` of a row = what the op must move at least, each tensor once):
+//! inputs read + outputs written + weights read + state/cache read and written back. KDA state
+//! pools are f32 and count twice (read + write); the MLA cache counts `seq_len · bytes_per_token`
+//! per sequence once; the MoE counts the MXFP4 codes and scales of the experts the router
+//! actually picked (counted from the device's `topk_ids`) plus the bf16 router weight.
+//! FLOPs: KDA 7·K·V per token and head (decay, Sᵀk, rank-1 update, Sᵀq of the recurrent form);
+//! MLA 2·(576 + 512) per query head and cached token; MoE 2·T·hidden·E (router) + 6·T·k·latent·n.
+//!
+//! Bandwidth reference: `--copy-gbs` (bytes copied per second, as `copy_bandwidth` prints
+//! `d2d_copy_gbs`), else measured here by a D2D copy (`Runtime::copy_d2d`, 1 GiB on CUDA). A row's
+//! `pct_copy` is its `gbs` over the copy's traffic rate (2 × bytes copied per second, since a copy
+//! reads and writes every byte).
+//!
+//! Output: `{"schema": "k3-device-bench/1", ..., "rows": [{op, shape, dtype, us, tflops, gbs,
+//! bytes, flops, pct_copy}]}` to the JSON file, and a table on stdout.
+
+use k3_kernels::{GpuBackend, Runtime};
+use kernel_api::conformance::TestRng;
+use kernel_api::ops::kv_cache::encode_token;
+use kernel_api::ops::mla_decode::K3_SOFTMAX_SCALE;
+use kernel_api::ops::*;
+use kernel_api::tensor::encode_f32;
+use kernel_api::{Backend, BackendExt, DType, DeviceTensor, Error, HostTensor, Layout, Result};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+struct Opts {
+    backend: String,
+    smoke: bool,
+    json: Option<PathBuf>,
+    warmup: usize,
+    iters: usize,
+    copy_gbs: Option<f64>,
+}
+
+fn usage() -> String {
+    "usage: k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S]".into()
+}
+
+fn parse_args() -> std::result::Result<Opts, String> {
+    let mut o = Opts { backend: String::new(), smoke: false, json: None, warmup: 0, iters: 0, copy_gbs: None };
+    let (mut warmup, mut iters) = (None, None);
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut val = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value\n{}", usage()));
+        match a.as_str() {
+            "--backend" => o.backend = val("--backend")?,
+            "--smoke" => o.smoke = true,
+            "--json" | "--out" => o.json = Some(PathBuf::from(val(&a)?)),
+            "--warmup" => warmup = Some(val("--warmup")?.parse::<usize>().map_err(|e| format!("--warmup: {e}"))?),
+            "--iters" => iters = Some(val("--iters")?.parse::<usize>().map_err(|e| format!("--iters: {e}"))?),
+            "--copy-gbs" => {
+                let v: f64 = val("--copy-gbs")?.parse().map_err(|e| format!("--copy-gbs: {e}"))?;
+                if !(v.is_finite() && v > 0.0) {
+                    return Err("--copy-gbs must be positive".into());
+                }
+                o.copy_gbs = Some(v)
+            }
+            "-h" | "--help" => return Err(usage()),
+            other => return Err(format!("unknown argument {other}\n{}", usage())),
+        }
+    }
+    if o.backend.is_empty() {
+        return Err(format!("--backend is required\n{}", usage()));
+    }
+    o.warmup = warmup.unwrap_or(if o.smoke { 1 } else { 3 });
+    o.iters = iters.unwrap_or(if o.smoke { 3 } else { 10 }).max(1);
+    Ok(o)
+}
+
+fn main() {
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let res = match o.backend.as_str() {
+        "simt32" | "simt64" => {
+            let warp = if o.backend == "simt32" { 32 } else { 64 };
+            k3_backend_simt::simt_backend(warp).and_then(|b| bench(&b, &o))
+        }
+        "cuda" => cuda(&o),
+        other => Err(Error::invalid("--backend", format!("{other} (expected cuda, simt32 or simt64)"))),
+    };
+    if let Err(e) = res {
+        eprintln!("k3-device-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(o: &Opts) -> Result<()> {
+    bench(&k3_backend_cuda::cuda_backend(0)?, o)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_: &Opts) -> Result<()> {
+    Err(Error::invalid("--backend", "cuda: this binary was built without the `cuda` feature of k3-benches"))
+}
+
+type Dev<R> = DeviceTensor<GpuBackend<R>>;
+
+/// One result row.
+struct Row {
+    op: String,
+    shape: String,
+    dtype: String,
+    us: f64,
+    bytes: u64,
+    flops: u64,
+}
+
+/// Everything a case needs: the backend, timing settings, the rows so far.
+struct Bench<'a, R: Runtime> {
+    b: &'a GpuBackend<R>,
+    warmup: usize,
+    iters: usize,
+    rows: Vec<Row>,
+}
+
+impl<R: Runtime> Bench<'_, R> {
+    /// Median device time of `f` in µs.
+    fn time(&self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        let rt = self.b.runtime();
+        let s = rt.default_stream();
+        for _ in 0..self.warmup {
+            f()?;
+        }
+        let (e0, e1) = (rt.create_event()?, rt.create_event()?);
+        let mut t = Vec::with_capacity(self.iters);
+        for _ in 0..self.iters {
+            rt.record_event(&e0, s)?;
+            f()?;
+            rt.record_event(&e1, s)?;
+            rt.synchronize_event(&e1)?;
+            t.push(rt.elapsed_ms(&e0, &e1)? as f64 * 1e3);
+        }
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    }
+
+    fn push(&mut self, op: &str, shape: String, dtype: &str, us: f64, bytes: u64, flops: u64) {
+        self.rows.push(Row { op: op.into(), shape, dtype: dtype.into(), us, bytes, flops });
+    }
+}
+
+// ---- inputs ---------------------------------------------------------------------------------
+
+/// Largest host pattern uploaded per tensor; bigger tensors repeat it on the device (D2D copies),
+/// so multi-GiB state pools and caches cost no host time.
+const PATTERN_BYTES: usize = 4 << 20;
+
+/// A device tensor whose bytes repeat `pattern` (a whole number of elements).
+fn tiled<R: Runtime>(b: &GpuBackend<R>, dtype: DType, shape: &[usize], pattern: &[u8]) -> Result<Dev<R>> {
+    let layout = Layout::contiguous(dtype, shape);
+    let total = layout.span_bytes().ok_or_else(|| Error::invalid("shape", "size overflows"))?;
+    if total <= pattern.len() {
+        let bytes = pattern[..total].to_vec();
+        return b.upload_tensor(&HostTensor::from_bytes(dtype, shape, bytes)?);
+    }
+    // Repeat a small pattern (one cache page) up to ~PATTERN_BYTES so big tensors take few copies.
+    let reps = (PATTERN_BYTES / pattern.len().max(1)).max(1).min(total.div_ceil(pattern.len().max(1)));
+    let pattern = pattern.repeat(reps);
+    let src = b.upload(&pattern)?;
+    let mut buf = b.alloc_zeroed(total)?;
+    let rt = b.runtime();
+    let mut off = 0;
+    while off < total {
+        let n = pattern.len().min(total - off);
+        rt.copy_d2d(&src, 0, &mut buf, off, n, rt.default_stream())?;
+        off += n;
+    }
+    b.synchronize(b.default_stream())?;
+    Ok(DeviceTensor { buf, layout })
+}
+
+/// N(0, std²) values stored as `dtype` (f32 / bf16).
+fn normal<R: Runtime>(b: &GpuBackend<R>, dtype: DType, shape: &[usize], std: f32, seed: u64) -> Result<Dev<R>> {
+    let n: usize = shape.iter().product();
+    let es = dtype.size_bytes();
+    let m = n.min(PATTERN_BYTES / es).max(1);
+    let mut bytes = vec![0u8; m * es];
+    for (v, out) in TestRng::new(seed).normals(m, std).into_iter().zip(bytes.chunks_mut(es)) {
+        encode_f32(dtype, v, out);
+    }
+    tiled(b, dtype, shape, &bytes)
+}
+
+/// Bytes from `gen` (u8 tensors: MXFP4 codes and scales).
+fn bytes_of<R: Runtime>(b: &GpuBackend<R>, shape: &[usize], mut gen: impl FnMut() -> u8) -> Result<Dev<R>> {
+    let n: usize = shape.iter().product();
+    let pattern: Vec<u8> = (0..n.clamp(1, PATTERN_BYTES)).map(|_| gen()).collect();
+    tiled(b, DType::U8, shape, &pattern)
+}
+
+fn i32s<R: Runtime>(b: &GpuBackend<R>, shape: &[usize], v: &[i32]) -> Result<Dev<R>> {
+    b.upload_tensor(&HostTensor::from_i32(shape, v)?)
+}
+
+/// A random permutation of `0..n` (+ `base`).
+fn permutation(n: usize, base: i32, rng: &mut TestRng) -> Vec<i32> {
+    let mut v: Vec<i32> = (0..n as i32).map(|i| i + base).collect();
+    for i in (1..n).rev() {
+        v.swap(i, rng.below(i + 1));
+    }
+    v
+}
+
+fn ws<R: Runtime>(b: &GpuBackend<R>, bytes: usize) -> Result<Option<R::Buffer>> {
+    if bytes == 0 {
+        Ok(None)
+    } else {
+        b.alloc_zeroed(bytes).map(Some)
+    }
+}
+
+// ---- shapes ---------------------------------------------------------------------------------
+
+struct Shapes {
+    heads: Vec<usize>,
+    kda_dim: usize,
+    /// (sequences, tokens per sequence)
+    kda_prefill: Vec<(usize, usize)>,
+    kda_decode: Vec<usize>,
+    mla_batch: Vec<usize>,
+    mla_ctx: Vec<usize>,
+    /// (hidden, latent, expert width, experts, top_k)
+    moe: (usize, usize, usize, usize, usize),
+    moe_tokens: Vec<usize>,
+    copy_bytes: usize,
+}
+
+fn shapes(smoke: bool) -> Shapes {
+    if smoke {
+        Shapes {
+            heads: vec![2],
+            kda_dim: 32,
+            kda_prefill: vec![(1, 64), (2, 32)],
+            kda_decode: vec![1, 4],
+            mla_batch: vec![1, 2],
+            mla_ctx: vec![64],
+            moe: (64, 64, 32, 8, 2),
+            moe_tokens: vec![1, 4],
+            copy_bytes: 1 << 20,
+        }
+    } else {
+        Shapes {
+            heads: vec![12, 96],
+            kda_dim: 128,
+            kda_prefill: vec![(1, 8192), (8, 1024)],
+            kda_decode: vec![1, 64, 1024],
+            mla_batch: vec![1, 16, 64],
+            mla_ctx: vec![8192, 65536],
+            moe: (7168, 3584, 384, 896, 16),
+            moe_tokens: vec![1, 64, 1024],
+            copy_bytes: 1 << 30,
+        }
+    }
+}
+
+// ---- cases ----------------------------------------------------------------------------------
+
+fn kda_prefill<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, seqs: usize, len: usize) -> Result<()> {
+    let b = c.b;
+    let t = seqs * len;
+    let mut p = KdaPrefillParams::k3_defaults(heads, kd, kd);
+    p.state_slots = seqs;
+    p.read_initial_state = true;
+    p.write_final_state = true;
+    let cu: Vec<i64> = (0..=seqs as i64).map(|i| i * len as i64).collect();
+    let batch = KdaPrefillBatch { cu_seqlens: &cu, state_indices: None, checkpoints: None };
+    let plan = KdaPrefill::plan(b, &p, &batch)?;
+    let bf = DType::BF16;
+    let q = normal(b, bf, &[t, heads, kd], 1.0, 1)?;
+    let k = normal(b, bf, &[t, heads, kd], 1.0, 2)?;
+    let v = normal(b, bf, &[t, heads, kd], 1.0, 3)?;
+    let g = normal(b, bf, &[t, heads, kd], 1.0, 4)?;
+    let beta = normal(b, bf, &[t, heads], 1.0, 5)?;
+    let a_log = normal(b, DType::F32, &[heads], 0.5, 6)?;
+    let dt_bias = normal(b, DType::F32, &[heads * kd], 0.5, 7)?;
+    let cu_d = b.upload_tensor(&HostTensor::from_i64(&[seqs + 1], &cu)?)?;
+    let mut state = normal(b, DType::F32, &[seqs, heads, kd, kd], 0.05, 8)?;
+    let mut out = b.zeros(bf, &[t, heads, kd])?;
+    let mut w = ws(b, KdaPrefill::workspace_size(b, &plan))?;
+    let us = c.time(|| {
+        let args = KdaPrefillArgs {
+            q: q.as_ref(),
+            k: k.as_ref(),
+            v: v.as_ref(),
+            g_raw: g.as_ref(),
+            beta: beta.as_ref(),
+            a_log: Some(a_log.as_ref()),
+            dt_bias: Some(dt_bias.as_ref()),
+            cu_seqlens: cu_d.as_ref(),
+            state_indices: None,
+            state: Some(state.as_mut()),
+            checkpoint_offsets: None,
+            checkpoint_state: None,
+            out: out.as_mut(),
+        };
+        KdaPrefill::run(b, &plan, args, w.as_mut(), b.default_stream())
+    })?;
+    let (t, h, kd) = (t as u64, heads as u64, kd as u64);
+    let bytes = t * h * (4 * kd + 1) * 2 + 2 * seqs as u64 * h * kd * kd * 4;
+    c.push("kda_prefill", format!("seqs={seqs} len={len} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, bytes, 7 * t * h * kd * kd);
+    Ok(())
+}
+
+fn kda_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, batch: usize) -> Result<()> {
+    let b = c.b;
+    let (w_conv, slots) = (4, batch + 1);
+    let p = KdaDecodeParams {
+        batch,
+        heads,
+        head_k: kd,
+        head_v: kd,
+        conv_width: w_conv,
+        state_slots: slots,
+        state_layout: KdaStateLayout::KMajor,
+        gate: KdaGateMode::LowerBound { lower_bound: -5.0 },
+        beta_sigmoid: true,
+        qk_l2norm: true,
+        scale: None,
+        output_norm: KdaOutputNorm::GatedRmsNorm { eps: 1e-5 },
+    };
+    let d = p.channels();
+    let idx = permutation(batch, 1, &mut TestRng::new(11));
+    let plan = KdaDecode::plan(b, &p, &KdaDecodeBatch { state_indices: &idx })?;
+    let bf = DType::BF16;
+    let x = normal(b, bf, &[batch, d], 1.0, 1)?;
+    let cw = normal(b, DType::F32, &[d, w_conv], 0.5, 2)?;
+    let mut conv_state = normal(b, DType::F32, &[slots, d, w_conv - 1], 1.0, 3)?;
+    let g = normal(b, bf, &[batch, heads, kd], 1.0, 4)?;
+    let beta = normal(b, bf, &[batch, heads], 1.0, 5)?;
+    let a_log = normal(b, DType::F32, &[heads], 0.5, 6)?;
+    let dt_bias = normal(b, DType::F32, &[heads * kd], 0.5, 7)?;
+    let idx_d = i32s(b, &[batch], &idx)?;
+    let mut state = normal(b, DType::F32, &[slots, heads, kd, kd], 0.05, 8)?;
+    let og = normal(b, bf, &[batch, heads, kd], 1.0, 9)?;
+    let nw = normal(b, DType::F32, &[kd], 1.0, 10)?;
+    let mut out = b.zeros(bf, &[batch, heads, kd])?;
+    let mut w = ws(b, KdaDecode::workspace_size(b, &plan))?;
+    let us = c.time(|| {
+        let args = KdaDecodeArgs {
+            x_qkv: x.as_ref(),
+            conv_weight: cw.as_ref(),
+            conv_state: conv_state.as_mut(),
+            g_raw: g.as_ref(),
+            beta: beta.as_ref(),
+            a_log: Some(a_log.as_ref()),
+            dt_bias: Some(dt_bias.as_ref()),
+            state_indices: idx_d.as_ref(),
+            recurrent_state: state.as_mut(),
+            output_gate: Some(og.as_ref()),
+            norm_weight: Some(nw.as_ref()),
+            out: out.as_mut(),
+        };
+        KdaDecode::run(b, &plan, args, w.as_mut(), b.default_stream())
+    })?;
+    let (bt, h, kd64, d) = (batch as u64, heads as u64, kd as u64, d as u64);
+    let io = bt * (d + h * kd64 + h + 2 * h * kd64) * 2;
+    let weights = d * w_conv as u64 * 4;
+    let state_bytes = 2 * bt * (d * (w_conv as u64 - 1) + h * kd64 * kd64) * 4;
+    c.push("kda_decode", format!("batch={batch} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, io + weights + state_bytes, 7 * bt * h * kd64 * kd64);
+    Ok(())
+}
+
+fn mla_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, batch: usize, ctx: usize, format: KvCacheFormat, fname: &str) -> Result<()> {
+    let b = c.b;
+    let page = 64;
+    let dims = KvDims::K3;
+    let pages_per_seq = ctx.div_ceil(page);
+    let num_pages = batch * pages_per_seq;
+    let cache = MlaPagedCache { dims, format, page_size: page, num_pages, kv_scale: 1.0 / 64.0 };
+    let p = MlaDecodeParams {
+        cache,
+        heads,
+        q_len: 1,
+        softmax_scale: K3_SOFTMAX_SCALE,
+        variant: MlaDecodeVariant::Auto,
+        splits: MlaSplitPolicy::Auto,
+    };
+    let mut rng = TestRng::new(21);
+    let table = permutation(num_pages, 0, &mut rng);
+    let lens = vec![ctx as i32; batch];
+    let plan = MlaDecode::plan(b, &p, &MlaDecodeBatch { seq_lens: &lens, block_table: &table, max_pages_per_seq: pages_per_seq })?;
+    // One page of encoded random tokens, repeated over the whole cache.
+    let bpt = cache.bytes_per_token();
+    let mut page_bytes = vec![0u8; page * bpt];
+    for tok in page_bytes.chunks_mut(bpt) {
+        encode_token(format, dims, &rng.normals(dims.width(), 1.0), cache.kv_scale, tok)?;
+    }
+    let kv = tiled(b, DType::U8, &[num_pages, page, bpt], &page_bytes)?;
+    let q = normal(b, DType::BF16, &[batch, 1, heads, dims.width()], 1.0, 22)?;
+    let bt = i32s(b, &[batch, pages_per_seq], &table)?;
+    let sl = i32s(b, &[batch], &lens)?;
+    let mut out = b.zeros(DType::BF16, &[batch, 1, heads, dims.latent])?;
+    let mut lse = b.zeros(DType::F32, &[batch, 1, heads])?;
+    let mut w = ws(b, MlaDecode::workspace_size(b, &plan))?;
+    let us = c.time(|| {
+        let args = MlaDecodeArgs {
+            q: q.as_ref(),
+            kv_cache: kv.as_ref(),
+            block_table: bt.as_ref(),
+            seq_lens: sl.as_ref(),
+            out: out.as_mut(),
+            lse: Some(lse.as_mut()),
+        };
+        MlaDecode::run(b, &plan, args, w.as_mut(), b.default_stream())
+    })?;
+    let (bq, h, n) = (batch as u64, heads as u64, ctx as u64);
+    let bytes = bq * n * bpt as u64 + bq * h * (dims.width() as u64 * 2 + dims.latent as u64 * 2 + 4) + bq * (pages_per_seq as u64 + 1) * 4;
+    let flops = bq * h * n * 2 * (dims.width() + dims.latent) as u64;
+    c.push("mla_decode", format!("batch={batch} ctx={ctx} heads={heads} page={page} kernel={:?}", plan.kernel), fname, us, bytes, flops);
+    Ok(())
+}
+
+fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, usize, usize)) -> Result<()> {
+    let b = c.b;
+    let (hidden, l, n, e, k) = dims;
+    let bf = DType::BF16;
+    let mut rng = TestRng::new(31);
+    let x = normal(b, bf, &[t, hidden], 1.0, 32)?;
+    let router_w = normal(b, bf, &[e, hidden], 0.03, 33)?;
+    let bias = normal(b, DType::F32, &[e], 0.05, 34)?;
+    let z = normal(b, bf, &[t, l], 1.0, 35)?;
+    let w13 = bytes_of(b, &[e, 2 * n, l / 2], || rng.next_u64() as u8)?;
+    let s13 = bytes_of(b, &[e, 2 * n, l / 32], || 121 + rng.below(2) as u8)?;
+    let w2 = bytes_of(b, &[e, l, n / 2], || rng.next_u64() as u8)?;
+    let s2 = bytes_of(b, &[e, l, n / 32], || 121 + rng.below(2) as u8)?;
+
+    let rp = MoeRouterParams {
+        tokens: t,
+        hidden,
+        experts: e,
+        top_k: k,
+        n_group: 1,
+        topk_group: 1,
+        renormalize: true,
+        routed_scaling_factor: 1.0,
+        score: RouterScore::Sigmoid,
+    };
+    let rplan = MoeRouter::plan(b, &rp)?;
+    let mut ids = b.zeros(DType::I32, &[t, k])?;
+    let mut weights = b.zeros(DType::F32, &[t, k])?;
+    let routing = MoeRouting { tokens: t, top_k: k, experts: e, block_m: 16 };
+    let aplan = MoeAlign::plan(b, &MoeAlignParams { routing: routing.clone(), global_experts: None })?;
+    let mut sorted = b.zeros(DType::I32, &[aplan.max_padded])?;
+    let mut expert_ids = b.zeros(DType::I32, &[aplan.num_blocks])?;
+    let mut ntp = b.zeros(DType::I32, &[1])?;
+    let mut aws = ws(b, MoeAlign::workspace_size(b, &aplan))?;
+    let stage = |stage, kk, nn| MoeGemmParams { routing: routing.clone(), k: kk, n: nn, stage, weights: MoeWeightFormat::Mxfp4, activation_quant: None };
+    let gplan = MoeGroupedGemm::plan(b, &stage(MoeGemmStage::GateUp { beta: 4.0, linear_beta: Some(25.0) }, l, n))?;
+    let dplan = MoeGroupedGemm::plan(b, &stage(MoeGemmStage::Down, n, l))?;
+    let mut a = b.zeros(bf, &[t * k, n])?;
+    let mut y = b.zeros(DType::F32, &[t * k, l])?;
+    let mut gws = ws(b, MoeGroupedGemm::workspace_size(b, &gplan))?;
+    let mut dws = ws(b, MoeGroupedGemm::workspace_size(b, &dplan))?;
+    let cplan = MoeCombine::plan(b, &MoeCombineParams { tokens: t, top_k: k, hidden: l })?;
+    let mut r = b.zeros(bf, &[t, l])?;
+    let s = b.default_stream();
+
+    let router = |ids: &mut Dev<R>, weights: &mut Dev<R>| {
+        let args = MoeRouterArgs { x: x.as_ref(), weight: router_w.as_ref(), bias: Some(bias.as_ref()), topk_ids: ids.as_mut(), topk_weights: weights.as_mut() };
+        MoeRouter::run(b, &rplan, args, None, s)
+    };
+    let align = |ids: &Dev<R>, sorted: &mut Dev<R>, eids: &mut Dev<R>, ntp: &mut Dev<R>, aws: &mut Option<R::Buffer>| {
+        let args = MoeAlignArgs { topk_ids: ids.as_ref(), expert_map: None, sorted_token_ids: sorted.as_mut(), expert_ids: eids.as_mut(), num_tokens_post_padded: ntp.as_mut() };
+        MoeAlign::run(b, &aplan, args, aws.as_mut(), s)
+    };
+    let gate_up = |sorted: &Dev<R>, eids: &Dev<R>, ntp: &Dev<R>, a: &mut Dev<R>, gws: &mut Option<R::Buffer>| {
+        let args = MoeGemmArgs {
+            input: z.as_ref(),
+            weight: w13.as_ref(),
+            weight_scale: Some(s13.as_ref()),
+            sorted_token_ids: sorted.as_ref(),
+            expert_ids: eids.as_ref(),
+            num_tokens_post_padded: ntp.as_ref(),
+            topk_weights: None,
+            out: a.as_mut(),
+        };
+        MoeGroupedGemm::run(b, &gplan, args, gws.as_mut(), s)
+    };
+    let down = |sorted: &Dev<R>, eids: &Dev<R>, ntp: &Dev<R>, a: &Dev<R>, weights: &Dev<R>, y: &mut Dev<R>, dws: &mut Option<R::Buffer>| {
+        let args = MoeGemmArgs {
+            input: a.as_ref(),
+            weight: w2.as_ref(),
+            weight_scale: Some(s2.as_ref()),
+            sorted_token_ids: sorted.as_ref(),
+            expert_ids: eids.as_ref(),
+            num_tokens_post_padded: ntp.as_ref(),
+            topk_weights: Some(weights.as_ref()),
+            out: y.as_mut(),
+        };
+        MoeGroupedGemm::run(b, &dplan, args, dws.as_mut(), s)
+    };
+    let combine = |y: &Dev<R>, r: &mut Dev<R>| MoeCombine::run(b, &cplan, MoeCombineArgs { y: y.as_ref(), out: r.as_mut() }, None, s);
+
+    // One pass to learn which experts the router picks (the weight bytes the GEMMs must read).
+    router(&mut ids, &mut weights)?;
+    b.synchronize(s)?;
+    let picked = b.download_tensor(&ids)?.to_i64();
+    let mut used = vec![false; e];
+    for &i in &picked {
+        if let Some(u) = usize::try_from(i).ok().and_then(|i| used.get_mut(i)) {
+            *u = true;
+        }
+    }
+    let distinct = used.iter().filter(|&&u| u).count() as u64;
+    let (t64, h64, l64, n64, e64, k64) = (t as u64, hidden as u64, l as u64, n as u64, e as u64, k as u64);
+    let w13_bytes = distinct * (2 * n64 * l64 / 2 + 2 * n64 * l64 / 32);
+    let w2_bytes = distinct * (l64 * n64 / 2 + l64 * n64 / 32);
+    let pairs = t64 * k64;
+    let route_bytes = e64 * h64 * 2 + t64 * h64 * 2 + e64 * 4 + pairs * 8;
+    let meta = pairs * 4 + aplan.max_padded as u64 * 4 + aplan.num_blocks as u64 * 4;
+    let gu_bytes = w13_bytes + t64 * l64 * 2 + pairs * n64 * 2 + meta;
+    let dn_bytes = w2_bytes + pairs * n64 * 2 + pairs * l64 * 4 + meta;
+    let cb_bytes = pairs * l64 * 4 + t64 * l64 * 2;
+    let (route_flops, gu_flops, dn_flops) = (2 * t64 * h64 * e64, 2 * pairs * l64 * 2 * n64, 2 * pairs * n64 * l64);
+    let shape = format!("tokens={t} hidden={hidden} latent={l} n={n} experts={e} top_k={k} picked={distinct}");
+    let dt = "bf16 act, mxfp4 experts";
+
+    let us = c.time(|| router(&mut ids, &mut weights))?;
+    c.push("moe_router", shape.clone(), "bf16 x/weight, f32 scores", us, route_bytes, route_flops);
+    let us = c.time(|| align(&ids, &mut sorted, &mut expert_ids, &mut ntp, &mut aws))?;
+    c.push("moe_align", shape.clone(), "i32", us, pairs * 4 + meta, 0);
+    let us = c.time(|| gate_up(&sorted, &expert_ids, &ntp, &mut a, &mut gws))?;
+    c.push("moe_gemm_gate_up", shape.clone(), dt, us, gu_bytes, gu_flops);
+    let us = c.time(|| down(&sorted, &expert_ids, &ntp, &a, &weights, &mut y, &mut dws))?;
+    c.push("moe_gemm_down", shape.clone(), dt, us, dn_bytes, dn_flops);
+    let us = c.time(|| combine(&y, &mut r))?;
+    c.push("moe_combine", shape.clone(), "f32 in, bf16 out", us, cb_bytes, pairs * l64);
+    let us = c.time(|| {
+        router(&mut ids, &mut weights)?;
+        align(&ids, &mut sorted, &mut expert_ids, &mut ntp, &mut aws)?;
+        gate_up(&sorted, &expert_ids, &ntp, &mut a, &mut gws)?;
+        down(&sorted, &expert_ids, &ntp, &a, &weights, &mut y, &mut dws)?;
+        combine(&y, &mut r)
+    })?;
+    let total_bytes = route_bytes + w13_bytes + w2_bytes + t64 * l64 * 2 + pairs * (n64 * 2 + l64 * 4) + t64 * l64 * 2;
+    c.push("moe", shape, dt, us, total_bytes, route_flops + gu_flops + dn_flops);
+    Ok(())
+}
+
+/// Bytes copied per second by one large D2D copy, timed with events.
+fn copy_gbs<R: Runtime>(c: &Bench<'_, R>, bytes: usize) -> Result<f64> {
+    let b = c.b;
+    let src = b.alloc_zeroed(bytes)?;
+    let mut dst = b.alloc_zeroed(bytes)?;
+    let rt = b.runtime();
+    let us = c.time(|| rt.copy_d2d(&src, 0, &mut dst, 0, bytes, rt.default_stream()))?;
+    Ok(bytes as f64 / (us.max(1e-3) * 1e-6) / 1e9)
+}
+
+fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts) -> Result<()> {
+    let sh = shapes(o.smoke);
+    let mut c = Bench { b, warmup: o.warmup, iters: o.iters, rows: Vec::new() };
+    let (copy, copy_source) = match o.copy_gbs {
+        Some(v) => (v, "--copy-gbs"),
+        None => (copy_gbs(&c, sh.copy_bytes)?, "measured: d2d copy"),
+    };
+    let mut failures = Vec::new();
+    let mut note = |what: String, r: Result<()>| {
+        if let Err(e) = r {
+            eprintln!("{what}: {e}");
+            failures.push(json!({"case": what, "error": e.to_string()}));
+        }
+    };
+    for &h in &sh.heads {
+        for &(n, len) in &sh.kda_prefill {
+            note(format!("kda_prefill h={h} {n}x{len}"), kda_prefill(&mut c, h, sh.kda_dim, n, len));
+        }
+        for &bt in &sh.kda_decode {
+            note(format!("kda_decode h={h} b={bt}"), kda_decode(&mut c, h, sh.kda_dim, bt));
+        }
+        for &ctx in &sh.mla_ctx {
+            for &bt in &sh.mla_batch {
+                for (f, name) in [(KvCacheFormat::Bf16, "bf16 cache"), (KvCacheFormat::Fp8Tiled(Fp8Flavor::E4M3Fn), "fp8 e4m3 tiled cache")] {
+                    note(format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), mla_decode(&mut c, h, bt, ctx, f, name));
+                }
+            }
+        }
+    }
+    for &t in &sh.moe_tokens {
+        note(format!("moe t={t}"), moe(&mut c, t, sh.moe));
+    }
+
+    let traffic = 2.0 * copy;
+    let rows: Vec<Value> = c
+        .rows
+        .iter()
+        .map(|r| {
+            let s = r.us * 1e-6;
+            let gbs = r.bytes as f64 / s / 1e9;
+            json!({
+                "op": r.op, "shape": r.shape, "dtype": r.dtype, "us": r.us,
+                "tflops": r.flops as f64 / s / 1e12, "gbs": gbs,
+                "bytes": r.bytes, "flops": r.flops, "pct_copy": 100.0 * gbs / traffic,
+            })
+        })
+        .collect();
+    println!("k3-device-bench on {} ({}), copy {:.1} GB/s copied ({copy_source}), median of {} after {} warmup", b.name(), b.device_info().name, copy, o.iters, o.warmup);
+    println!("{:<17} {:>10} {:>9} {:>9} {:>7}  shape / dtype", "op", "us", "TFLOP/s", "GB/s", "%copy");
+    for (r, v) in c.rows.iter().zip(&rows) {
+        println!(
+            "{:<17} {:>10.2} {:>9.3} {:>9.1} {:>7.1}  {} / {}",
+            r.op, r.us, v["tflops"].as_f64().unwrap_or(0.0), v["gbs"].as_f64().unwrap_or(0.0), v["pct_copy"].as_f64().unwrap_or(0.0), r.shape, r.dtype
+        );
+    }
+    let report = json!({
+        "schema": "k3-device-bench/1",
+        "backend": b.name(),
+        "device": b.device_info().name,
+        "smoke": o.smoke,
+        "warmup": o.warmup,
+        "iters": o.iters,
+        "copy_gbs": copy,
+        "copy_source": copy_source,
+        "bytes_model": "inputs read + outputs written + weights read (MoE: picked experts only) + state/cache read and written; pct_copy = gbs / (2 * copy_gbs)",
+        "failures": failures,
+        "rows": rows,
+    });
+    if let Some(path) = &o.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| Error::invalid("--json", e.to_string()))?;
+        std::fs::write(path, text).map_err(|e| Error::invalid("--json", format!("{}: {e}", path.display())))?;
+        println!("report: {}", path.display());
+    }
+    if !failures.is_empty() {
+        return Err(Error::invalid("cases", format!("{} case(s) failed (listed in the report)", failures.len())));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tensors larger than the host pattern are filled by repeated D2D copies: every byte must
+    /// continue the pattern, across copy boundaries and in the partial last copy.
+    #[test]
+    fn tiled_fill_repeats_the_pattern_over_several_copies() {
+        let b = k3_backend_simt::simt_backend(32).expect("simt32");
+        let pattern = [3u8, 1, 4, 1, 5, 9, 2];
+        let n = 2 * PATTERN_BYTES + 12_345;
+        let t = tiled(&b, DType::U8, &[n], &pattern).expect("tiled");
+        let got = b.download_tensor(&t).expect("download").bytes;
+        assert_eq!(got.len(), n);
+        let bad = got.iter().enumerate().position(|(i, &v)| v != pattern[i % pattern.len()]);
+        assert_eq!(bad, None, "first wrong byte");
+    }
+}

@@ -1,0 +1,48 @@
+//! Runs `k3-device-bench --backend simt32 --smoke` and checks its JSON report: the schema of the
+//! gpu-check hook (`rows` of {op, shape, dtype, us, tflops, gbs}) with rows for every op family.
+
+use serde_json::Value;
+use std::process::Command;
+
+#[test]
+fn smoke_run_on_simt32_reports_every_op_family() {
+    let out = std::env::temp_dir().join(format!("k3-device-bench-smoke-{}.json", std::process::id()));
+    let run = Command::new(env!("CARGO_BIN_EXE_k3-device-bench"))
+        .args(["--backend", "simt32", "--smoke", "--out"])
+        .arg(&out)
+        .output()
+        .expect("start k3-device-bench");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "exit {:?}\nstdout:\n{stdout}\nstderr:\n{}", run.status, String::from_utf8_lossy(&run.stderr));
+    let text = std::fs::read_to_string(&out).expect("report written");
+    let _ = std::fs::remove_file(&out);
+    let report: Value = serde_json::from_str(&text).expect("report is JSON");
+    assert_eq!(report["backend"], "simt32");
+    assert_eq!(report["smoke"], true);
+    assert!(report["copy_gbs"].as_f64().is_some_and(|v| v.is_finite() && v > 0.0), "copy_gbs: {}", report["copy_gbs"]);
+    assert_eq!(report["failures"].as_array().map(Vec::len), Some(0));
+    let rows = report["rows"].as_array().expect("rows array");
+    for r in rows {
+        for key in ["op", "shape", "dtype"] {
+            assert!(r[key].as_str().is_some_and(|s| !s.is_empty()), "{key} missing in {r}");
+        }
+        assert!(r["us"].as_f64().is_some_and(|v| v.is_finite() && v > 0.0), "us in {r}");
+        for key in ["tflops", "gbs", "pct_copy"] {
+            assert!(r[key].as_f64().is_some_and(|v| v.is_finite() && v >= 0.0), "{key} in {r}");
+        }
+        assert!(r["bytes"].as_u64().is_some_and(|v| v > 0), "bytes in {r}");
+    }
+    let count = |op: &str, dtype_has: &str| {
+        rows.iter().filter(|r| r["op"] == op && r["dtype"].as_str().is_some_and(|d| d.contains(dtype_has))).count()
+    };
+    // Smoke shapes: 1 head count; 2 prefill batches, 2 decode batches, 2 MLA batches x 1 context
+    // per cache format, 2 MoE token counts.
+    assert_eq!(count("kda_prefill", ""), 2);
+    assert_eq!(count("kda_decode", ""), 2);
+    assert_eq!(count("mla_decode", "bf16 cache"), 2);
+    assert_eq!(count("mla_decode", "fp8"), 2);
+    for op in ["moe_router", "moe_align", "moe_gemm_gate_up", "moe_gemm_down", "moe_combine", "moe"] {
+        assert_eq!(count(op, ""), 2, "{op}");
+    }
+    assert!(stdout.contains("mla_decode") && stdout.contains("moe_gemm_down"), "table on stdout:\n{stdout}");
+}
