@@ -291,7 +291,8 @@ fn kda_prefill_matches_direct_run() {
         checkpoint_state: Some(cks.as_mut()),
         out: out.as_mut(),
     };
-    KdaPrefill::run(&b, &plan, args, None, b.default_stream()).unwrap();
+    let mut ws = b.alloc_zeroed(KdaPrefill::workspace_size(&b, &plan)).unwrap();
+    KdaPrefill::run(&b, &plan, args, Some(&mut ws), b.default_stream()).unwrap();
     let want_state = down(&b, &st);
     assert_ne!(want_state, state, "the pool was written");
     assert_outputs(&got, &[("out", down(&b, &out)), ("state", want_state), ("checkpoint_state", down(&b, &cks))]);
