@@ -358,7 +358,7 @@ mod tests {
 
     #[test]
     fn cache_dir_from_env_and_elf_check() {
-        assert_eq!(CubinCache::at("/tmp/x").dir(), Some(Path::new("/tmp/x")));
+        assert_eq!(CubinCache::at("some/cache").dir(), Some(Path::new("some/cache")));
         assert_eq!(CubinCache::disabled().dir(), None);
         let mut elf = vec![0u8; 64];
         elf[..4].copy_from_slice(b"\x7fELF");
