@@ -76,8 +76,6 @@ pub const OP_NAMES: &[&str] = &[
 pub enum OpError {
     #[error("unknown op `{op}` (known ops: {})", OP_NAMES.join(", "))]
     UnknownOp { op: String },
-    #[error("backend `{name}` is not available in this build (available: cpu)")]
-    UnknownBackend { name: String },
     /// A file cannot be read or written, or is not valid safetensors / JSON.
     #[error("{}: {why}", path.display())]
     File { path: PathBuf, why: String },
@@ -111,7 +109,6 @@ impl OpError {
     pub fn subject(&self) -> Option<&str> {
         match self {
             OpError::UnknownOp { op } => Some(op),
-            OpError::UnknownBackend { name } => Some(name),
             OpError::File { .. } => None,
             OpError::Tensor { name, .. } => Some(name),
             OpError::Param { key, .. } => Some(key),

@@ -7,7 +7,7 @@ use model_k3::doctor;
 use model_k3::exec::ModelBackend;
 use model_k3::inspect::inspect_dir;
 use model_k3::model::ModelOptions;
-use model_k3::op_cli::{run_op_files, OpError};
+use model_k3::op_cli::run_op_files;
 use model_k3::runner::{load_model, write_npy};
 use model_k3::tiny::write_tiny_checkpoint;
 use std::path::{Path, PathBuf};
@@ -168,12 +168,8 @@ fn main() -> ExitCode {
             let opts = ModelOptions { kv_format: fmt, kv_scale, ..run_options(prompt_ids.len() + max_new_tokens) };
             with_backend!(backend.name().as_str(), |b| run(&model, &prompt_ids, max_new_tokens, chunk, opts, logits_out.as_deref(), b))
         }
-        Cmd::Op { name, inputs, params, outputs, backend } => {
-            let result = match backend.name().as_str() {
-                "cpu" => run_op_files(&CpuBackend::new(), &name, &inputs, params.as_deref(), &outputs),
-                other => Err(OpError::UnknownBackend { name: other.to_string() }),
-            };
-            match result {
+        Cmd::Op { name, inputs, params, outputs, backend } => with_backend!(backend.name().as_str(), |b| {
+            match run_op_files(&b, &name, &inputs, params.as_deref(), &outputs) {
                 Ok(outs) => {
                     for (n, t) in &outs {
                         println!("{n}: {} {:?}", t.dtype, t.shape);
@@ -183,7 +179,7 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(e),
             }
-        }
+        }),
         Cmd::Doctor { json, backend } => {
             let report = doctor::run_doctor(&backend.name());
             if json {
