@@ -100,6 +100,13 @@ pub fn gemm_matches_f64_oracle<B: Backend + Gemm>(b: &B) {
             }
         }
     }
+    // Multi-tile M (GPU kernels tile M by 64) and a single output column.
+    for &(m, n, k) in &[(130, 72, 40), (65, 1, 48)] {
+        for &(x_dt, w_dt, out_dt) in &[(DType::BF16, DType::BF16, DType::F32), (DType::F32, DType::F32, DType::F32)] {
+            let c = Case { m, n, k, x_dt, w_dt, out_dt, bias_dt: None, x_pad: 0, x_offset: 0 };
+            run_case(b, &mut rng, &c);
+        }
+    }
 }
 
 /// Row-strided x at an offset, with and without a bias (f32 and bf16), odd shapes.
