@@ -44,6 +44,21 @@ impl<R: Runtime> GpuBackend<R> {
         self.rt.device_ptr(buf).offset((layout.offset * layout.dtype.size_bytes()) as u64)
     }
 
+    /// Pushes an optional vector argument as (device pointer, stride of dim 0), or (null, 0)
+    /// when it is absent: the kernel checks the pointer.
+    pub fn push_opt_vec(&self, args: &mut KernelArgs, t: Option<&kernel_api::TensorRef<'_, Self>>) {
+        match t {
+            Some(t) => {
+                args.push(self.ptr(t.buf, &t.layout));
+                args.push(t.layout.strides[0] as i64);
+            }
+            None => {
+                args.push(DevicePtr(0));
+                args.push(0i64);
+            }
+        }
+    }
+
     /// Launches kernel `name` (looked up once, then cached).
     pub fn launch(&self, name: &str, cfg: LaunchConfig, args: &mut KernelArgs, stream: &R::Stream) -> Result<()> {
         let kernel = {

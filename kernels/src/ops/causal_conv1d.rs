@@ -70,16 +70,7 @@ impl<R: Runtime> CausalConv1d for GpuBackend<R> {
         arg(&mut a, self.ptr(args.cu_seqlens.buf, cu));
         arg(&mut a, dtype_code(cu.dtype));
         arg(&mut a, cu.strides[0] as i64);
-        match &args.state_indices {
-            Some(t) => {
-                arg(&mut a, self.ptr(t.buf, &t.layout));
-                arg(&mut a, t.layout.strides[0] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i64);
-            }
-        }
+        self.push_opt_vec(&mut a, args.state_indices.as_ref());
         match args.conv_state.as_ref().filter(|_| p.uses_state()) {
             Some(t) => {
                 arg(&mut a, self.ptr(&*t.buf, &t.layout));

@@ -87,26 +87,8 @@ impl<R: Runtime> KdaDecode for GpuBackend<R> {
         arg(&mut a, be.strides[1] as i64);
         // A_log and dt_bias are read only by the gates that use them (check_args requires A_log there).
         let uses_gate = p.gate.uses_gate_params();
-        match args.a_log.as_ref().filter(|_| uses_gate) {
-            Some(t) => {
-                arg(&mut a, self.ptr(t.buf, &t.layout));
-                arg(&mut a, t.layout.strides[0] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i64);
-            }
-        }
-        match args.dt_bias.as_ref().filter(|_| uses_gate) {
-            Some(t) => {
-                arg(&mut a, self.ptr(t.buf, &t.layout));
-                arg(&mut a, t.layout.strides[0] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i64);
-            }
-        }
+        self.push_opt_vec(&mut a, args.a_log.as_ref().filter(|_| uses_gate));
+        self.push_opt_vec(&mut a, args.dt_bias.as_ref().filter(|_| uses_gate));
         let si = &args.state_indices.layout;
         arg(&mut a, self.ptr(args.state_indices.buf, si));
         arg(&mut a, si.strides[0] as i64);
@@ -140,16 +122,7 @@ impl<R: Runtime> KdaDecode for GpuBackend<R> {
                 arg(&mut a, 0i64);
             }
         }
-        match args.norm_weight.as_ref().filter(|_| gated) {
-            Some(t) => {
-                arg(&mut a, self.ptr(t.buf, &t.layout));
-                arg(&mut a, t.layout.strides[0] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i64);
-            }
-        }
+        self.push_opt_vec(&mut a, args.norm_weight.as_ref().filter(|_| gated));
         let out = &args.out.layout;
         arg(&mut a, self.ptr(&*args.out.buf, out));
         arg(&mut a, dtype_code(out.dtype));
