@@ -9,7 +9,7 @@ use kernel_api::Result;
 /// `kernel_api::Backend` + every op trait on a CUDA device.
 pub type CudaBackend = GpuBackend<CudaRuntime>;
 
-/// Probes device `ordinal` and loads the op kernels (embedded fatbin for the device's arch, else
+/// Probes device `ordinal` and loads the op kernels (embedded cubin for the device's arch, else
 /// NVRTC). No driver or device: `Error::Unavailable` with the reason.
 pub fn cuda_backend(ordinal: usize) -> Result<CudaBackend> {
     let rt = CudaRuntime::new(ordinal)?;

@@ -3,15 +3,16 @@
 //!
 //! - [`SOURCES`]: every file of `kernels/csrc` (embedded by build.rs with include_str!), what the
 //!   NVRTC path compiles; the source tree is never read at run time.
-//! - [`FATBINS`] / [`FATBIN_ARCHS`]: one nvcc fatbin per `.cu` of `csrc/ops` and `csrc/tests`,
-//!   when nvcc was found at build time (empty otherwise).
+//! - [`IMAGES`]: one nvcc cubin per (`.cu` of csrc, `sm_XX` of `K3_CUDA_ARCHS`) when
+//!   `k3-build-support` found nvcc at build time; [`UNAVAILABLE`]: the targets without images
+//!   and why (both from build.rs).
 
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
-    include!(concat!(env!("OUT_DIR"), "/kernel_fatbins.rs"));
+    include!(concat!(env!("OUT_DIR"), "/cuda_images.rs"));
 }
 
-pub use generated::{FATBINS, FATBIN_ARCHS, SOURCES};
+pub use generated::{IMAGES, SOURCES, UNAVAILABLE};
 use std::fmt;
 
 /// A group of kernel files loaded as one module.
@@ -52,9 +53,24 @@ pub fn source(path: &str) -> Option<&'static str> {
     SOURCES.iter().find(|(p, _)| *p == path).map(|(_, s)| *s)
 }
 
-/// The embedded nvcc fatbin of a kernel file, if build.rs produced one.
-pub fn embedded_fatbin(path: &str) -> Option<&'static [u8]> {
-    FATBINS.iter().find(|(p, _)| *p == path).map(|(_, b)| *b)
+/// The embedded cubin of a kernel file that runs on a device of compute capability
+/// `major.minor`, if build.rs produced one.
+pub fn embedded_cubin(path: &str, major: u32, minor: u32) -> Option<&'static [u8]> {
+    IMAGES
+        .iter()
+        .find(|(p, target, _)| *p == path && Arch::parse(target).is_some_and(|a| a.runs_on(major, minor)))
+        .map(|(_, _, b)| *b)
+}
+
+/// The targets that have embedded images (`sm_90a`, ...), in build order.
+pub fn embedded_targets() -> Vec<&'static str> {
+    let mut out: Vec<&str> = Vec::new();
+    for (_, target, _) in IMAGES {
+        if !out.contains(target) {
+            out.push(target);
+        }
+    }
+    out
 }
 
 /// Kernel names a source lists with `K3_EXPORT(name)` (the dialect's registration macro)
@@ -133,9 +149,9 @@ impl fmt::Display for Arch {
     }
 }
 
-/// Whether the embedded fatbins hold SASS for a device of compute capability `major.minor`.
+/// Whether the embedded cubins include SASS for a device of compute capability `major.minor`.
 pub fn embedded_covers(major: u32, minor: u32) -> bool {
-    FATBIN_ARCHS.iter().filter_map(|a| Arch::parse(a)).any(|a| a.runs_on(major, minor))
+    embedded_targets().iter().filter_map(|a| Arch::parse(a)).any(|a| a.runs_on(major, minor))
 }
 
 #[cfg(test)]
@@ -174,17 +190,22 @@ mod tests {
     }
 
     #[test]
-    fn embedded_fatbins_are_fatbins_of_kernel_files() {
-        if FATBINS.is_empty() {
-            assert!(FATBIN_ARCHS.is_empty());
-            println!("skipped: built without nvcc, nothing embedded");
+    fn embedded_images_are_cubins_of_every_kernel_file() {
+        if IMAGES.is_empty() {
+            assert!(!UNAVAILABLE.is_empty(), "no images must come with a reason");
+            println!("skipped: no kernel images embedded: {UNAVAILABLE:?}");
             return;
         }
-        assert!(FATBIN_ARCHS.iter().all(|a| Arch::parse(a).is_some()), "{FATBIN_ARCHS:?}");
-        for (file, image) in FATBINS {
-            assert!(KernelSet::ALL.iter().any(|s| s.files().contains(file)), "{file}");
-            // The fatbin container's magic number, little-endian 0xBA55ED50.
-            assert_eq!(image.get(..4), Some(&[0x50, 0xed, 0x55, 0xba][..]), "{file}");
+        let kernel_files: Vec<&str> = KernelSet::ALL.iter().flat_map(|s| s.files()).collect();
+        for target in embedded_targets() {
+            let arch = Arch::parse(target).unwrap_or_else(|| panic!("{target}"));
+            for file in &kernel_files {
+                let image = embedded_cubin(file, arch.major, arch.minor).unwrap_or_else(|| panic!("{file} for {target}"));
+                // An ELF file (cubins are ELF), machine EM_CUDA = 190.
+                assert_eq!(image.get(..4), Some(&b"\x7fELF"[..]), "{file}");
+                assert_eq!(image.get(18..20), Some(&190u16.to_le_bytes()[..]), "{file}");
+            }
         }
+        assert!(IMAGES.iter().all(|(f, _, _)| kernel_files.contains(f)));
     }
 }

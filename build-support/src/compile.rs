@@ -235,6 +235,8 @@ fn nvcc_flags(arch: &CudaArch) -> Vec<String> {
         "-cubin".into(),
         "-std=c++17".into(),
         "-O3".into(),
+        // Source lines for profilers (Nsight Compute); no effect on the generated code.
+        "-lineinfo".into(),
         "-gencode".into(),
         format!("arch={},code={}", arch.compute(), arch.sm()),
     ]
