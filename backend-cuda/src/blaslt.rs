@@ -17,12 +17,41 @@ use crate::driver::driver_lib;
 use crate::dylib::{Lib, NotFound};
 use crate::runtime::{CudaBuffer, CudaRuntime, CudaStream};
 use cudarc::cublaslt::{result as lt, sys};
+use k3_kernels::{MatrixOperand, VendorGemmArgs};
 use kernel_api::ops::gemm::GemmParams;
 use kernel_api::error::Reasons;
 use kernel_api::{DType, Error, Result};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
+
+/// Which dense GEMMs the contract's `Gemm` sends to cuBLASLt (`K3_CUDA_GEMM`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum GemmRoute {
+    /// cuBLASLt for every dtype combination it takes, when libcublasLt loads (the default);
+    /// otherwise the dialect's GEMM kernels.
+    Auto = 0,
+    /// cuBLASLt for every dtype combination it takes; a missing library is the op's error.
+    BlasLt = 1,
+    /// Always the dialect's GEMM kernels (`csrc/ops/dense_gemm.cu`).
+    Kernels = 2,
+}
+
+impl GemmRoute {
+    /// `K3_CUDA_GEMM` (`auto`, `blaslt`, `kernels`; unset = auto).
+    pub fn from_env() -> Result<Self> {
+        crate::env::choice("K3_CUDA_GEMM", &[("auto", GemmRoute::Auto), ("blaslt", GemmRoute::BlasLt), ("kernels", GemmRoute::Kernels)])
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => GemmRoute::BlasLt,
+            2 => GemmRoute::Kernels,
+            _ => GemmRoute::Auto,
+        }
+    }
+}
 
 /// Workspace cuBLASLt is offered when the caller has one: NVIDIA recommends 32 MiB on Hopper
 /// and Blackwell for the fastest algorithms.
@@ -250,6 +279,45 @@ impl CudaRuntime {
             })
             .as_ref()
             .map_err(|why| Error::Unavailable { why: why.clone() })
+    }
+
+    /// The current [`GemmRoute`] (from `K3_CUDA_GEMM` when the runtime was made).
+    pub fn gemm_route(&self) -> GemmRoute {
+        GemmRoute::from_u8(self.gemm_route.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Changes the route. Plans keep their workspace size: re-query `Gemm::workspace_size`
+    /// after a change (a run with too small a workspace is an `InvalidInput`, never a fault).
+    pub fn set_gemm_route(&self, route: GemmRoute) {
+        self.gemm_route.store(route as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Workspace for `g` on cuBLASLt under the current route, `None` when the dialect kernels
+    /// take it (the `Runtime::vendor_gemm_workspace` hook).
+    pub(crate) fn blaslt_workspace(&self, g: &BlasLtGemm) -> Option<usize> {
+        let takes = g.supports().is_ok();
+        match self.gemm_route() {
+            GemmRoute::Kernels => None,
+            GemmRoute::BlasLt => takes.then_some(BLASLT_WORKSPACE_BYTES),
+            GemmRoute::Auto => (takes && self.blaslt().is_ok()).then_some(BLASLT_WORKSPACE_BYTES),
+        }
+    }
+
+    /// The `Runtime::vendor_gemm` hook: the contract's operands as cuBLASLt arguments.
+    pub(crate) fn gemm_blaslt_vendor(&self, p: &GemmParams, a: VendorGemmArgs<'_, CudaBuffer>, stream: &CudaStream) -> Result<()> {
+        let g = BlasLtGemm { x_row_stride: a.x.row_stride, w_row_stride: a.w.row_stride, ..BlasLtGemm::from_params(p) };
+        fn operand(m: MatrixOperand<'_, CudaBuffer>) -> Operand<'_> {
+            Operand { buf: m.buf, offset_bytes: m.offset_bytes }
+        }
+        let args = BlasLtArgs {
+            x: operand(a.x),
+            w: operand(a.w),
+            bias: a.bias.map(operand),
+            out: a.out,
+            out_offset_bytes: a.out_offset_bytes,
+            workspace: a.workspace,
+        };
+        self.gemm_blaslt(&g, args, stream)
     }
 
     /// Whether cuBLASLt can be used here (library found, handle created): its version, or

@@ -10,7 +10,7 @@
 //!   cuLaunchKernel parameter arrays, explicit streams and timing events
 //!   (`CudaRuntime::new(ordinal)` is the device probe).
 //! - [`CudaRuntime::kernels`]: the kernels of `kernels/csrc/{ops,tests}` for this device: the
-//!   nvcc fatbin embedded at build time when it holds the device's arch (`K3_CUDA_ARCHS`,
+//!   nvcc cubin embedded at build time for the device's arch (`K3_CUDA_ARCHS`,
 //!   default `90a,100a,103a`), else NVRTC compiles the embedded sources for the device's own
 //!   `sm_XYa` and caches the cubin in `K3_KERNEL_CACHE_DIR` ([`nvrtc`]).
 //! - [`CudaRuntime::gemm_blaslt`]: dense GEMM through cuBLASLt for the generic GPU backend's
@@ -24,13 +24,14 @@ mod backend;
 pub mod blaslt;
 mod driver;
 mod dylib;
+mod env;
 mod graph;
 pub mod kernels;
 pub mod nvrtc;
 mod runtime;
 
 pub use backend::{cuda_backend, CudaBackend};
-pub use blaslt::{BlasLtArgs, BlasLtGemm, Operand, BLASLT_WORKSPACE_BYTES};
+pub use blaslt::{BlasLtArgs, BlasLtGemm, GemmRoute, Operand, BLASLT_WORKSPACE_BYTES};
 pub use graph::CudaGraph;
 pub use kernels::{Arch, KernelSet};
 pub use runtime::{CudaBuffer, CudaEvent, CudaKernel, CudaModule, CudaRuntime, CudaStream, KernelOrigin, KernelSource};

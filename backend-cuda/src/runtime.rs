@@ -8,22 +8,24 @@
 //!   driver has staged the bytes (the trait's "may be reused" rule); device-to-host waits.
 //! - Modules: `load_module` takes a PTX, cubin or fatbin image; [`CudaRuntime::kernels`] loads a
 //!   whole [`KernelSet`] of kernels/csrc, one CUDA module per `.cu` file, from the embedded
-//!   fatbin when it holds the device's arch, else compiled by NVRTC for the device's own arch
+//!   cubin for the device's arch when there is one, else compiled by NVRTC for the device's own arch
 //!   (cached on disk); `K3_CUDA_KERNELS=embedded|jit` forces one path.
 //! - Launches check the configuration against the device limits and raise a kernel's dynamic
 //!   shared-memory limit when a launch asks for more than the 48 KiB default.
 
+use crate::blaslt::{BlasLtGemm, GemmRoute};
 use crate::driver::{self, drv, Probed};
 use crate::kernels::{self, Arch, KernelSet};
 use crate::nvrtc::{self, CacheOutcome, CubinCache};
 use cudarc::driver::{result, sys, CudaContext};
 use k3_kernels::runtime::check_range;
-use k3_kernels::{DevicePtr, ImageFormat, LaunchConfig, ModuleImage, Runtime};
+use k3_kernels::{DevicePtr, ImageFormat, LaunchConfig, ModuleImage, Runtime, VendorGemmArgs};
+use kernel_api::ops::GemmParams;
 use kernel_api::{DeviceInfo, Error, Result};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Dynamic shared memory a kernel may use without opting in.
@@ -40,6 +42,8 @@ pub struct CudaRuntime {
     stream: CudaStream,
     sets: Mutex<HashMap<KernelSet, CudaModule>>,
     pub(crate) blaslt: OnceLock<std::result::Result<crate::blaslt::BlasLt, String>>,
+    /// A [`GemmRoute`] as u8, changeable through `&self` (benches compare both routes).
+    pub(crate) gemm_route: AtomicU8,
 }
 
 impl fmt::Debug for CudaRuntime {
@@ -51,7 +55,7 @@ impl fmt::Debug for CudaRuntime {
 /// Where a kernel file's code came from when a [`KernelSet`] was loaded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KernelOrigin {
-    /// The nvcc fatbin embedded at build time.
+    /// The nvcc cubin embedded at build time for the device's arch.
     Embedded,
     /// NVRTC, compiled now (and stored in the cache when it could be).
     Compiled(CacheOutcome),
@@ -60,9 +64,9 @@ pub enum KernelOrigin {
 /// How [`CudaRuntime::kernels`] chooses between embedded binaries and NVRTC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelSource {
-    /// Embedded fatbin when it holds the device's arch, else NVRTC (the default).
+    /// Embedded cubin for the device's arch when there is one, else NVRTC (the default).
     Auto,
-    /// Embedded fatbins only.
+    /// Embedded cubins only.
     Embedded,
     /// NVRTC only.
     Jit,
@@ -71,12 +75,7 @@ pub enum KernelSource {
 impl KernelSource {
     /// `K3_CUDA_KERNELS` (`auto`, `embedded`, `jit`; unset = auto).
     pub fn from_env() -> Result<Self> {
-        match std::env::var("K3_CUDA_KERNELS").as_deref().map(str::trim) {
-            Err(_) | Ok("") | Ok("auto") => Ok(KernelSource::Auto),
-            Ok("embedded") => Ok(KernelSource::Embedded),
-            Ok("jit") => Ok(KernelSource::Jit),
-            Ok(other) => Err(Error::invalid("K3_CUDA_KERNELS", format!("`{other}`: expected auto, embedded or jit"))),
-        }
+        crate::env::choice("K3_CUDA_KERNELS", &[("auto", KernelSource::Auto), ("embedded", KernelSource::Embedded), ("jit", KernelSource::Jit)])
     }
 }
 
@@ -84,6 +83,7 @@ impl CudaRuntime {
     /// Opens device `ordinal`. `Unavailable` (never a panic) when there is no libcuda, no
     /// device, or a driver too old for the calls this crate makes; the reason says which.
     pub fn new(ordinal: usize) -> Result<Self> {
+        let route = GemmRoute::from_env()?;
         let Probed { ctx, info, compute_capability, driver_version, max_threads_per_block, elapsed_v2 } =
             driver::probe(ordinal)?;
         let stream = CudaStream::new(&ctx)?;
@@ -97,6 +97,7 @@ impl CudaRuntime {
             stream,
             sets: Mutex::new(HashMap::new()),
             blaslt: OnceLock::new(),
+            gemm_route: AtomicU8::new(route as u8),
         })
     }
 
@@ -137,11 +138,11 @@ impl CudaRuntime {
         )
     }
 
-    /// Where kernels for this device would come from: `embedded fatbin (...)`, `NVRTC x.y`,
+    /// Where kernels for this device would come from: `embedded cubins (...)`, `NVRTC x.y`,
     /// or `none: <reason>`.
     pub fn kernel_availability(&self) -> String {
         if kernels::embedded_covers(self.cc.0, self.cc.1) {
-            return format!("embedded fatbin ({})", kernels::FATBIN_ARCHS.join(","));
+            return format!("embedded cubins ({})", kernels::embedded_targets().join(","));
         }
         match nvrtc::nvrtc() {
             Ok(nv) => format!("NVRTC {}.{} JIT for {} ({})", nv.version().0, nv.version().1, self.arch(), self.no_embedded_reason("")),
@@ -174,21 +175,20 @@ impl CudaRuntime {
         cache: &CubinCache,
     ) -> Result<(CudaModule, Vec<(String, KernelOrigin)>)> {
         let arch = self.arch();
-        let embedded_ok = kernels::embedded_covers(self.cc.0, self.cc.1);
         // Parts are pushed into the module as they load, so an error part-way unloads them.
         let mut inner = ModuleInner::new(set.dir().to_string(), Vec::new(), self.ctx.clone());
         let mut origins = Vec::new();
         for file in set.files() {
-            let fatbin = kernels::embedded_fatbin(file).filter(|_| embedded_ok && source != KernelSource::Jit);
+            let cubin = kernels::embedded_cubin(file, self.cc.0, self.cc.1).filter(|_| source != KernelSource::Jit);
             let mut embedded_err = None;
-            if let Some(img) = fatbin {
-                match self.load_image(img, ImageFormat::Fatbin, file) {
+            if let Some(img) = cubin {
+                match self.load_image(img, ImageFormat::Cubin, file) {
                     Ok(m) => {
                         inner.parts.push(Part { file: file.to_string(), module: m });
                         origins.push((file.to_string(), KernelOrigin::Embedded));
                         continue;
                     }
-                    // e.g. a fatbin from a newer nvcc than the driver: NVRTC may still work.
+                    // e.g. a cubin from a newer nvcc than the driver: NVRTC may still work.
                     Err(e) => embedded_err = Some(e),
                 }
             }
@@ -200,7 +200,7 @@ impl CudaRuntime {
                     Error::Unavailable { why } => why,
                     other => other.to_string(),
                 };
-                let emb = embedded_err.as_ref().map(|e| format!("the embedded fatbin did not load ({e})")).unwrap_or_else(|| self.no_embedded_reason(file));
+                let emb = embedded_err.as_ref().map(|e| format!("the embedded cubin did not load ({e})")).unwrap_or_else(|| self.no_embedded_reason(file));
                 Error::Unavailable { why: format!("no kernel binary for {arch} ({file}): {emb}, and {why}") }
             })?;
             let (cubin, outcome) = nv.cubin(file, &arch, cache)?;
@@ -220,11 +220,12 @@ impl CudaRuntime {
     }
 
     fn no_embedded_reason(&self, file: &str) -> String {
-        if kernels::FATBINS.is_empty() {
-            "this build embedded no kernel binaries (nvcc was not found when it was compiled; set CUDA_HOME or NVCC and rebuild)".into()
+        if kernels::IMAGES.is_empty() {
+            let why: Vec<String> = kernels::UNAVAILABLE.iter().map(|(t, why)| format!("{t}: {why}")).collect();
+            format!("this build embedded no kernel binaries ({}; set CUDA_HOME or NVCC and rebuild)", why.join("; "))
         } else if !kernels::embedded_covers(self.cc.0, self.cc.1) {
-            format!("the embedded kernels were built for {:?} (K3_CUDA_ARCHS), not for {}", kernels::FATBIN_ARCHS, self.arch())
-        } else if kernels::embedded_fatbin(file).is_none() {
+            format!("the embedded kernels were built for {:?} (K3_CUDA_ARCHS), not for {}", kernels::embedded_targets(), self.arch())
+        } else if kernels::embedded_cubin(file, self.cc.0, self.cc.1).is_none() {
             format!("nvcc did not compile {file} when this crate was built (see the build warnings)")
         } else {
             "K3_CUDA_KERNELS=jit asks for NVRTC".into()
@@ -643,5 +644,13 @@ impl Runtime for CudaRuntime {
 
     fn synchronize(&self) -> Result<()> {
         self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
+    }
+
+    fn vendor_gemm_workspace(&self, params: &GemmParams) -> Option<usize> {
+        self.blaslt_workspace(&BlasLtGemm::from_params(params))
+    }
+
+    fn vendor_gemm(&self, params: &GemmParams, args: VendorGemmArgs<'_, CudaBuffer>, stream: &CudaStream) -> Result<()> {
+        self.gemm_blaslt_vendor(params, args, stream)
     }
 }

@@ -99,6 +99,14 @@ pub trait BackendExt: Backend {
         let n = layout.span_bytes().ok_or_else(|| crate::Error::invalid("shape", "size overflows usize"))?;
         Ok(DeviceTensor { buf: self.alloc_zeroed(n)?, layout })
     }
+    /// A workspace for a plan that asked for `bytes` (`None` when it asked for none), zeroed.
+    fn workspace(&self, bytes: usize) -> Result<Option<Self::Buffer>> {
+        if bytes == 0 {
+            Ok(None)
+        } else {
+            self.alloc_zeroed(bytes).map(Some)
+        }
+    }
     /// Downloads a contiguous device tensor.
     fn download_tensor(&self, t: &DeviceTensor<Self>) -> Result<HostTensor> {
         let mut bytes = vec![0u8; self.buffer_len(&t.buf)];

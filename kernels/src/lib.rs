@@ -16,7 +16,8 @@ pub mod runtime;
 
 pub use gpu_backend::{dtype_code, GpuBackend};
 pub use runtime::{
-    check_range, DevicePtr, Dim3, ImageFormat, KernelArg, KernelArgs, LaunchConfig, ModuleImage, Runtime,
+    check_range, DevicePtr, Dim3, ImageFormat, KernelArg, KernelArgs, LaunchConfig, MatrixOperand, ModuleImage, Runtime,
+    VendorGemmArgs,
 };
 
 /// Absolute path of the kernel sources (`csrc/`), for backends' build scripts and JIT paths.

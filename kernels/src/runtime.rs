@@ -12,6 +12,7 @@
 //!   `Unavailable` for a missing kernel or an image this runtime cannot load, `Driver` for a
 //!   failure reported by the device (for the SIMT emulator: a runtime check inside a kernel).
 
+use kernel_api::ops::GemmParams;
 use kernel_api::{DeviceInfo, Error, Result};
 use std::ffi::c_void;
 use std::fmt;
@@ -188,6 +189,31 @@ impl KernelArgs {
     }
 }
 
+/// A row-major matrix operand of a vendor GEMM: the buffer, the byte offset of element (0, 0)
+/// and the distance between rows in elements.
+#[derive(Debug)]
+pub struct MatrixOperand<'a, B> {
+    pub buf: &'a B,
+    pub offset_bytes: usize,
+    pub row_stride: usize,
+}
+
+/// Buffers of one `out[M,N] = x[M,K] · W[N,K]ᵀ (+ bias[N])` handed to a vendor BLAS; shapes and
+/// dtypes are those of the [`GemmParams`] it comes with, and every range has been checked against
+/// its buffer by the op's plan.
+#[derive(Debug)]
+pub struct VendorGemmArgs<'a, B> {
+    pub x: MatrixOperand<'a, B>,
+    pub w: MatrixOperand<'a, B>,
+    /// `[N]`, unit stride (its `row_stride` is 1).
+    pub bias: Option<MatrixOperand<'a, B>>,
+    /// `[M, N]`, contiguous (`row_stride` N).
+    pub out: &'a mut B,
+    pub out_offset_bytes: usize,
+    /// At least the bytes [`Runtime::vendor_gemm_workspace`] asked for.
+    pub workspace: Option<&'a mut B>,
+}
+
 /// Memory, modules, launches, streams and events of one device.
 pub trait Runtime: Send + Sync {
     /// An owned device allocation.
@@ -279,6 +305,22 @@ pub trait Runtime: Send + Sync {
 
     /// Waits for all work on every stream of this runtime.
     fn synchronize(&self) -> Result<()>;
+
+    /// The workspace bytes a dense GEMM with these params needs when it goes to the vendor BLAS
+    /// (cuBLASLt, hipBLASLt), or `None` when this runtime leaves it to the dialect's own GEMM
+    /// kernels (the default: no vendor BLAS). Both `Gemm::workspace_size` and `Gemm::run` ask,
+    /// so the answer must depend on the params and on settings that do not change between a
+    /// plan and its runs.
+    fn vendor_gemm_workspace(&self, _params: &GemmParams) -> Option<usize> {
+        None
+    }
+
+    /// Enqueues the GEMM on the vendor BLAS; called only when [`Runtime::vendor_gemm_workspace`]
+    /// said `Some`. `Err(Unsupported)` (e.g. no algorithm for these strides or alignments)
+    /// sends the launcher to the dialect's kernel instead; any other error is the op's error.
+    fn vendor_gemm(&self, _params: &GemmParams, _args: VendorGemmArgs<'_, Self::Buffer>, _stream: &Self::Stream) -> Result<()> {
+        Err(Error::Unavailable { why: "this runtime has no vendor GEMM".into() })
+    }
 }
 
 /// Checks that `[offset, offset + len)` lies inside a buffer of `buf_len` bytes.

@@ -54,6 +54,15 @@ pub fn reshaped<'a, B: Backend>(t: &'a DeviceTensor<B>, shape: &[usize]) -> Tens
 pub struct Exec<'a, B: ModelBackend> {
     pub b: &'a B,
     pub act: DType,
+    /// GEMM workspace (cuBLASLt's 32 MiB on CUDA, none elsewhere), allocated on first need and
+    /// reused by every GEMM of this runner.
+    gemm_ws: std::cell::RefCell<Option<B::Buffer>>,
+}
+
+impl<'a, B: ModelBackend> Exec<'a, B> {
+    pub fn new(b: &'a B, act: DType) -> Self {
+        Exec { b, act, gemm_ws: std::cell::RefCell::new(None) }
+    }
 }
 
 impl<B: ModelBackend> Exec<'_, B> {
@@ -72,7 +81,12 @@ impl<B: ModelBackend> Exec<'_, B> {
         let p = GemmParams { m, n, k, x_dtype: x.layout.dtype, w_dtype: w.dtype(), out_dtype: self.act, bias_dtype: None };
         let plan = Gemm::plan(self.b, &p)?;
         let mut out = self.zeros(self.act, &[m, n])?;
-        Gemm::run(self.b, &plan, GemmArgs { x, w: w.as_ref(), bias: None, out: out.as_mut() }, None, self.stream())?;
+        let need = Gemm::workspace_size(self.b, &plan);
+        let mut ws = self.gemm_ws.borrow_mut();
+        if ws.as_ref().map_or(0, |w| self.b.buffer_len(w)) < need {
+            *ws = self.b.workspace(need)?;
+        }
+        Gemm::run(self.b, &plan, GemmArgs { x, w: w.as_ref(), bias: None, out: out.as_mut() }, ws.as_mut(), self.stream())?;
         Ok(out)
     }
 

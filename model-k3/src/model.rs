@@ -197,7 +197,7 @@ impl<B: ModelBackend> K3Model<B> {
     }
 
     fn zero_slot(&mut self, slot: u32) -> Result<()> {
-        let ex = Exec { b: &self.backend, act: ACT };
+        let ex = Exec::new(&self.backend, ACT);
         for (state, conv) in self.pools.kda.iter_mut().flatten() {
             for t in [state, conv] {
                 let per: usize = t.layout.shape[1..].iter().product();
@@ -303,7 +303,8 @@ impl<B: ModelBackend> K3Model<B> {
         if let Some(s) = stats.as_ref() {
             s.borrow_mut().clear();
         }
-        let cx = Ctx { b: &*backend, cfg: &*cfg, opts: &*opts, stats: stats.as_ref(), layer: std::cell::Cell::new(0) };
+        let ex = Exec::new(&*backend, ACT);
+        let cx = Ctx { b: &*backend, cfg: &*cfg, opts: &*opts, stats: stats.as_ref(), layer: std::cell::Cell::new(0), ex };
         let (t, d) = (s.tokens, cfg.hidden_size);
         let eps = cfg.rms_norm_eps;
         let n_src = (0..cfg.num_layers).filter(|&l| cfg.is_block_start(l)).count() + 1;
@@ -365,11 +366,13 @@ struct Ctx<'a, B: ModelBackend> {
     opts: &'a ModelOptions,
     stats: Option<&'a RefCell<Vec<LayerStat>>>,
     layer: std::cell::Cell<usize>,
+    /// One op runner for the whole step, so its GEMM workspace is allocated once per step.
+    ex: Exec<'a, B>,
 }
 
-impl<B: ModelBackend> Ctx<'_, B> {
-    fn exec(&self) -> Exec<'_, B> {
-        Exec { b: self.b, act: ACT }
+impl<'a, B: ModelBackend> Ctx<'a, B> {
+    fn exec(&self) -> &Exec<'a, B> {
+        &self.ex
     }
 
     /// Records the RMS of `t` when statistics are on.

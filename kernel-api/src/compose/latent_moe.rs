@@ -91,7 +91,8 @@ fn gemm<B: LatentMoeBackend>(b: &B, x: TensorRef<'_, B>, w: TensorRef<'_, B>, ou
     let p = GemmParams { m, n, k, x_dtype: x.layout.dtype, w_dtype: w.layout.dtype, out_dtype: out, bias_dtype: None };
     let plan = Gemm::plan(b, &p)?;
     let mut y = b.zeros(out, &[m, n])?;
-    Gemm::run(b, &plan, GemmArgs { x, w, bias: None, out: y.as_mut() }, None, b.default_stream())?;
+    let mut ws = b.workspace(Gemm::workspace_size(b, &plan))?;
+    Gemm::run(b, &plan, GemmArgs { x, w, bias: None, out: y.as_mut() }, ws.as_mut(), b.default_stream())?;
     Ok(y)
 }
 

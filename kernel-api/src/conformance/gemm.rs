@@ -76,7 +76,8 @@ fn run_case<B: Backend + Gemm>(b: &B, rng: &mut TestRng, c: &Case) {
     let bt = bias.as_ref().zip(c.bias_dt).map(|(v, dt)| upload_f32(b, dt, &[n], v).unwrap());
     let mut out = b.zeros(c.out_dt, &[m, n]).unwrap();
     let args = GemmArgs { x: xt.as_ref(), w: wt.as_ref(), bias: bt.as_ref().map(|t| t.as_ref()), out: out.as_mut() };
-    Gemm::run(b, &plan, args, None, b.default_stream()).expect("run");
+    let mut ws = b.workspace(Gemm::workspace_size(b, &plan)).expect("workspace");
+    Gemm::run(b, &plan, args, ws.as_mut(), b.default_stream()).expect("run");
     let got = download_f32(b, &out).unwrap();
     let what = format!("gemm m{m} n{n} k{k} x {} w {} out {} bias {:?}", c.x_dt, c.w_dt, c.out_dt, c.bias_dt);
     assert_close(&what, &got, &want, tolerance(c.out_dt));
@@ -128,8 +129,9 @@ pub fn gemm_empty_batch<B: Backend + Gemm>(b: &B) {
     let x = b.zeros(DType::BF16, &[0, 4]).unwrap();
     let w = upload_f32(b, DType::BF16, &[8, 4], &[1.0; 32]).unwrap();
     let mut out = b.zeros(DType::F32, &[0, 8]).unwrap();
+    let mut ws = b.workspace(Gemm::workspace_size(b, &plan)).expect("workspace");
     let args = GemmArgs { x: x.as_ref(), w: w.as_ref(), bias: None, out: out.as_mut() };
-    Gemm::run(b, &plan, args, None, b.default_stream()).expect("run");
+    Gemm::run(b, &plan, args, ws.as_mut(), b.default_stream()).expect("run");
     assert!(download_f32(b, &out).unwrap().is_empty());
 }
 

@@ -1,11 +1,14 @@
-//! Dense GEMM launcher (kernels in `csrc/ops/dense_gemm.cu`): the bf16 MMA kernel when x and W
-//! are both bf16, the f32 FMA kernel otherwise (an f32 operand is never rounded to bf16: the
-//! spec decodes inputs exactly). 64x64 output tiles; grid x over N tiles, y over M tiles.
+//! Dense GEMM launcher. The runtime's vendor BLAS first, when it takes the params
+//! ([`Runtime::vendor_gemm_workspace`]: cuBLASLt on CUDA); else, or when the vendor library has
+//! no algorithm for the operands' strides and alignments, the dialect's kernels in
+//! `csrc/ops/dense_gemm.cu`: the bf16 MMA kernel when x and W are both bf16, the f32 FMA kernel
+//! otherwise (an f32 operand is never rounded to bf16: the spec decodes inputs exactly).
+//! 64x64 output tiles; grid x over N tiles, y over M tiles.
 
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
-use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
+use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, MatrixOperand, Runtime, VendorGemmArgs};
 use kernel_api::ops::{check_workspace, Gemm, GemmArgs, GemmParams, GemmPlan};
-use kernel_api::{Backend, DType, Error, Result};
+use kernel_api::{Backend, DType, Error, Result, TensorRef};
 
 /// Output tile of both kernels (`DENSE_GEMM_BM` x `DENSE_GEMM_BN`).
 const TILE: usize = 64;
@@ -32,6 +35,10 @@ fn grid(p: &GemmParams) -> Result<(u32, u32)> {
     Ok((tiles_n as u32, tiles_m as u32))
 }
 
+fn operand<'a, R: Runtime>(t: &TensorRef<'a, GpuBackend<R>>) -> MatrixOperand<'a, R::Buffer> {
+    MatrixOperand { buf: t.buf, offset_bytes: t.layout.offset * t.layout.dtype.size_bytes(), row_stride: t.layout.strides[0] }
+}
+
 fn uses_mma(p: &GemmParams) -> bool {
     p.x_dtype == DType::BF16 && p.w_dtype == DType::BF16
 }
@@ -45,6 +52,10 @@ impl<R: Runtime> Gemm for GpuBackend<R> {
         Ok(())
     }
 
+    fn workspace_size(&self, plan: &GemmPlan) -> usize {
+        self.runtime().vendor_gemm_workspace(&plan.params).unwrap_or(0)
+    }
+
     fn run(&self, plan: &GemmPlan, args: GemmArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<()> {
         plan.check_args(self, &args)?;
         check_workspace(self, ws.as_deref(), Gemm::workspace_size(self, plan))?;
@@ -52,8 +63,22 @@ impl<R: Runtime> Gemm for GpuBackend<R> {
         if p.m == 0 {
             return Ok(());
         }
-        let (grid_x, grid_y) = grid(p)?;
         let (x, w, out) = (&args.x.layout, &args.w.layout, &args.out.layout);
+        if self.runtime().vendor_gemm_workspace(p).is_some() {
+            let vendor = VendorGemmArgs {
+                x: operand(&args.x),
+                w: operand(&args.w),
+                bias: args.bias.as_ref().map(operand),
+                out: &mut *args.out.buf,
+                out_offset_bytes: out.offset * out.dtype.size_bytes(),
+                workspace: ws,
+            };
+            match self.runtime().vendor_gemm(p, vendor, stream) {
+                Err(Error::Unsupported { .. }) => {} // no vendor algorithm for these operands
+                done => return done,
+            }
+        }
+        let (grid_x, grid_y) = grid(p)?;
         let mma = uses_mma(p);
         let mut a = KernelArgs::new();
         arg(&mut a, self.ptr(args.x.buf, x));
