@@ -36,7 +36,7 @@ fn smoke_run_on_simt32_reports_every_op_family() {
         rows.iter().filter(|r| r["op"] == op && r["dtype"].as_str().is_some_and(|d| d.contains(dtype_has))).count()
     };
     // Smoke shapes: 1 head count; 2 prefill batches, 2 decode batches, 2 MLA batches x 1 context
-    // per cache format, 2 MoE token counts.
+    // per cache format, 2 MoE token counts, 2 GEMM shapes x 2 token counts x 1 route.
     assert_eq!(count("kda_prefill", ""), 2);
     assert_eq!(count("kda_decode", ""), 2);
     assert_eq!(count("mla_decode", "bf16 cache"), 2);
@@ -44,5 +44,6 @@ fn smoke_run_on_simt32_reports_every_op_family() {
     for op in ["moe_router", "moe_align", "moe_gemm_gate_up", "moe_gemm_down", "moe_combine", "moe"] {
         assert_eq!(count(op, ""), 2, "{op}");
     }
+    assert_eq!(count("dense_gemm", "bf16"), 4);
     assert!(stdout.contains("mla_decode") && stdout.contains("moe_gemm_down"), "table on stdout:\n{stdout}");
 }

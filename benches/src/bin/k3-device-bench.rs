@@ -10,7 +10,9 @@
 //! MLA decode (batch 1/16/64 at context 8k and 64k, bf16 and fp8-tiled caches), each at 12 and 96
 //! heads (96 = the whole model, 12 = one GPU of TP8); the latent MoE's routed path (router,
 //! align, MXFP4 grouped GEMMs gate-up and down, combine; 896 experts, top 16, latent 3584, expert
-//! width 384 = 3072 / TP8) at 1, 64 and 1024 tokens, per stage and in total. `--smoke` scales
+//! width 384 = 3072 / TP8) at 1, 64 and 1024 tokens, per stage and in total; the bf16 dense GEMM
+//! of the latent down/up projections and the per-GPU KDA projections at 1, 64 and 1024 tokens,
+//! once per GEMM route of the backend (CUDA: cuBLASLt and the dialect's kernel). `--smoke` scales
 //! every shape down (heads 2, context 64, 8 experts) so the SIMT emulator finishes in seconds.
 //!
 //! Timing: `warmup` untimed runs, then `iters` runs each bracketed by two events on the default
@@ -22,7 +24,8 @@
 //! per sequence once; the MoE counts the MXFP4 codes and scales of the experts the router
 //! actually picked (counted from the device's `topk_ids`) plus the bf16 router weight.
 //! FLOPs: KDA 7·K·V per token and head (decay, Sᵀk, rank-1 update, Sᵀq of the recurrent form);
-//! MLA 2·(576 + 512) per query head and cached token; MoE 2·T·hidden·E (router) + 6·T·k·latent·n.
+//! MLA 2·(576 + 512) per query head and cached token; MoE 2·T·hidden·E (router) + 6·T·k·latent·n;
+//! GEMM 2·M·N·K (bytes: x, W and out once each).
 //!
 //! Bandwidth reference: `--copy-gbs` (bytes copied per second, as `copy_bandwidth` prints
 //! `d2d_copy_gbs`), else measured here by a D2D copy (`Runtime::copy_d2d`, 1 GiB on CUDA). A row's
@@ -97,7 +100,7 @@ fn main() {
     let res = match o.backend.as_str() {
         "simt32" | "simt64" => {
             let warp = if o.backend == "simt32" { 32 } else { 64 };
-            k3_backend_simt::simt_backend(warp).and_then(|b| bench(&b, &o))
+            k3_backend_simt::simt_backend(warp).and_then(|b| bench(&b, &o, &[("kernels", &|| ())]))
         }
         "cuda" => cuda(&o),
         other => Err(Error::invalid("--backend", format!("{other} (expected cuda, simt32 or simt64)"))),
@@ -110,7 +113,15 @@ fn main() {
 
 #[cfg(feature = "cuda")]
 fn cuda(o: &Opts) -> Result<()> {
-    bench(&k3_backend_cuda::cuda_backend(0)?, o)
+    use k3_backend_cuda::GemmRoute;
+    let b = k3_backend_cuda::cuda_backend(0)?;
+    let rt = b.runtime();
+    let initial = rt.gemm_route();
+    let routes: [(&str, &dyn Fn()); 2] =
+        [("cublaslt", &|| rt.set_gemm_route(GemmRoute::BlasLt)), ("kernels", &|| rt.set_gemm_route(GemmRoute::Kernels))];
+    let res = bench(&b, o, &routes);
+    rt.set_gemm_route(initial);
+    res
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -227,11 +238,7 @@ fn permutation(n: usize, base: i32, rng: &mut TestRng) -> Vec<i32> {
 }
 
 fn ws<R: Runtime>(b: &GpuBackend<R>, bytes: usize) -> Result<Option<R::Buffer>> {
-    if bytes == 0 {
-        Ok(None)
-    } else {
-        b.alloc_zeroed(bytes).map(Some)
-    }
+    b.workspace(bytes)
 }
 
 // ---- shapes ---------------------------------------------------------------------------------
@@ -247,6 +254,9 @@ struct Shapes {
     /// (hidden, latent, expert width, experts, top_k)
     moe: (usize, usize, usize, usize, usize),
     moe_tokens: Vec<usize>,
+    /// Dense projections (N, K, what) and their token counts M.
+    gemm: Vec<(usize, usize, &'static str)>,
+    gemm_tokens: Vec<usize>,
     copy_bytes: usize,
 }
 
@@ -261,6 +271,8 @@ fn shapes(smoke: bool) -> Shapes {
             mla_ctx: vec![64],
             moe: (64, 64, 32, 8, 2),
             moe_tokens: vec![1, 4],
+            gemm: vec![(64, 128, "down"), (128, 64, "up")],
+            gemm_tokens: vec![1, 8],
             copy_bytes: 1 << 20,
         }
     } else {
@@ -273,6 +285,13 @@ fn shapes(smoke: bool) -> Shapes {
             mla_ctx: vec![8192, 65536],
             moe: (7168, 3584, 384, 896, 16),
             moe_tokens: vec![1, 64, 1024],
+            gemm: vec![
+                (3584, 7168, "latent down 7168->3584"),
+                (7168, 3584, "latent up 3584->7168"),
+                (1536, 7168, "KDA q/k/v per GPU at TP8 (12 heads x 128)"),
+                (7168, 1536, "KDA o_proj per GPU at TP8"),
+            ],
+            gemm_tokens: vec![1, 64, 1024],
             copy_bytes: 1 << 30,
         }
     }
@@ -562,6 +581,29 @@ fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, u
     Ok(())
 }
 
+/// `out = x · Wᵀ` in bf16 through the contract's `Gemm`, once per route of the runtime (on
+/// CUDA: cuBLASLt and the dialect's MMA kernel, side by side in one run).
+fn dense_gemm<R: Runtime>(c: &mut Bench<'_, R>, m: usize, n: usize, k: usize, what: &str, routes: &[(&str, &dyn Fn())]) -> Result<()> {
+    let b = c.b;
+    let bf = DType::BF16;
+    let x = normal(b, bf, &[m, k], 1.0, 41)?;
+    let w = normal(b, bf, &[n, k], 1.0 / (k as f32).sqrt(), 42)?;
+    let mut out = b.zeros(bf, &[m, n])?;
+    let plan = Gemm::plan(b, &GemmParams::new(m, n, k, bf, bf, bf))?;
+    let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+    for (route, select) in routes {
+        select();
+        let mut w_s = ws(b, Gemm::workspace_size(b, &plan))?;
+        let us = c.time(|| {
+            let args = GemmArgs { x: x.as_ref(), w: w.as_ref(), bias: None, out: out.as_mut() };
+            Gemm::run(b, &plan, args, w_s.as_mut(), b.default_stream())
+        })?;
+        let bytes = 2 * (m64 * k64 + n64 * k64 + m64 * n64);
+        c.push("dense_gemm", format!("M={m} N={n} K={k} ({what}) route={route}"), "bf16", us, bytes, 2 * m64 * n64 * k64);
+    }
+    Ok(())
+}
+
 /// Bytes copied per second by one large D2D copy, timed with events.
 fn copy_gbs<R: Runtime>(c: &Bench<'_, R>, bytes: usize) -> Result<f64> {
     let b = c.b;
@@ -572,7 +614,8 @@ fn copy_gbs<R: Runtime>(c: &Bench<'_, R>, bytes: usize) -> Result<f64> {
     Ok(bytes as f64 / (us.max(1e-3) * 1e-6) / 1e9)
 }
 
-fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts) -> Result<()> {
+/// Runs every case; `gemm_routes` are (name, select) pairs the dense GEMM is timed under.
+fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn())]) -> Result<()> {
     let sh = shapes(o.smoke);
     let mut c = Bench { b, warmup: o.warmup, iters: o.iters, rows: Vec::new() };
     let (copy, copy_source) = match o.copy_gbs {
@@ -580,31 +623,68 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts) -> Result<()> {
         None => (copy_gbs(&c, sh.copy_bytes)?, "measured: d2d copy"),
     };
     let mut failures = Vec::new();
-    let mut note = |what: String, r: Result<()>| {
+    // The JSON is rewritten after every case, so a run cut short still reports what finished.
+    let mut note = |c: &Bench<'_, R>, what: String, r: Result<()>| {
         if let Err(e) = r {
             eprintln!("{what}: {e}");
             failures.push(json!({"case": what, "error": e.to_string()}));
         }
+        if let Some(path) = &o.json {
+            if let Err(e) = write_report(path, &report(c, o, copy, copy_source, &failures)) {
+                eprintln!("{e}");
+            }
+        }
     };
     for &h in &sh.heads {
         for &(n, len) in &sh.kda_prefill {
-            note(format!("kda_prefill h={h} {n}x{len}"), kda_prefill(&mut c, h, sh.kda_dim, n, len));
+            let r = kda_prefill(&mut c, h, sh.kda_dim, n, len);
+            note(&c, format!("kda_prefill h={h} {n}x{len}"), r);
         }
         for &bt in &sh.kda_decode {
-            note(format!("kda_decode h={h} b={bt}"), kda_decode(&mut c, h, sh.kda_dim, bt));
+            let r = kda_decode(&mut c, h, sh.kda_dim, bt);
+            note(&c, format!("kda_decode h={h} b={bt}"), r);
         }
         for &ctx in &sh.mla_ctx {
             for &bt in &sh.mla_batch {
                 for (f, name) in [(KvCacheFormat::Bf16, "bf16 cache"), (KvCacheFormat::Fp8Tiled(Fp8Flavor::E4M3Fn), "fp8 e4m3 tiled cache")] {
-                    note(format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), mla_decode(&mut c, h, bt, ctx, f, name));
+                    let r = mla_decode(&mut c, h, bt, ctx, f, name);
+                    note(&c, format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), r);
                 }
             }
         }
     }
     for &t in &sh.moe_tokens {
-        note(format!("moe t={t}"), moe(&mut c, t, sh.moe));
+        let r = moe(&mut c, t, sh.moe);
+        note(&c, format!("moe t={t}"), r);
     }
+    for &(n, k, what) in &sh.gemm {
+        for &m in &sh.gemm_tokens {
+            let r = dense_gemm(&mut c, m, n, k, what, gemm_routes);
+            note(&c, format!("dense_gemm m={m} n={n} k={k}"), r);
+        }
+    }
+    let failed = failures.len();
+    let report = report(&c, o, copy, copy_source, &failures);
+    println!("k3-device-bench on {} ({}), copy {:.1} GB/s copied ({copy_source}), median of {} after {} warmup", b.name(), b.device_info().name, copy, o.iters, o.warmup);
+    println!("{:<17} {:>10} {:>9} {:>9} {:>7}  shape / dtype", "op", "us", "TFLOP/s", "GB/s", "%copy");
+    for (r, v) in c.rows.iter().zip(report["rows"].as_array().into_iter().flatten()) {
+        println!(
+            "{:<17} {:>10.2} {:>9.3} {:>9.1} {:>7.1}  {} / {}",
+            r.op, r.us, v["tflops"].as_f64().unwrap_or(0.0), v["gbs"].as_f64().unwrap_or(0.0), v["pct_copy"].as_f64().unwrap_or(0.0), r.shape, r.dtype
+        );
+    }
+    if let Some(path) = &o.json {
+        write_report(path, &report)?;
+        println!("report: {}", path.display());
+    }
+    if failed > 0 {
+        return Err(Error::invalid("cases", format!("{failed} case(s) failed (listed in the report)")));
+    }
+    Ok(())
+}
 
+/// The JSON report of the rows so far.
+fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, failures: &[Value]) -> Value {
     let traffic = 2.0 * copy;
     let rows: Vec<Value> = c
         .rows
@@ -619,18 +699,10 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts) -> Result<()> {
             })
         })
         .collect();
-    println!("k3-device-bench on {} ({}), copy {:.1} GB/s copied ({copy_source}), median of {} after {} warmup", b.name(), b.device_info().name, copy, o.iters, o.warmup);
-    println!("{:<17} {:>10} {:>9} {:>9} {:>7}  shape / dtype", "op", "us", "TFLOP/s", "GB/s", "%copy");
-    for (r, v) in c.rows.iter().zip(&rows) {
-        println!(
-            "{:<17} {:>10.2} {:>9.3} {:>9.1} {:>7.1}  {} / {}",
-            r.op, r.us, v["tflops"].as_f64().unwrap_or(0.0), v["gbs"].as_f64().unwrap_or(0.0), v["pct_copy"].as_f64().unwrap_or(0.0), r.shape, r.dtype
-        );
-    }
-    let report = json!({
+    json!({
         "schema": "k3-device-bench/1",
-        "backend": b.name(),
-        "device": b.device_info().name,
+        "backend": c.b.name(),
+        "device": c.b.device_info().name,
         "smoke": o.smoke,
         "warmup": o.warmup,
         "iters": o.iters,
@@ -639,16 +711,12 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts) -> Result<()> {
         "bytes_model": "inputs read + outputs written + weights read (MoE: picked experts only) + state/cache read and written; pct_copy = gbs / (2 * copy_gbs)",
         "failures": failures,
         "rows": rows,
-    });
-    if let Some(path) = &o.json {
-        let text = serde_json::to_string_pretty(&report).map_err(|e| Error::invalid("--json", e.to_string()))?;
-        std::fs::write(path, text).map_err(|e| Error::invalid("--json", format!("{}: {e}", path.display())))?;
-        println!("report: {}", path.display());
-    }
-    if !failures.is_empty() {
-        return Err(Error::invalid("cases", format!("{} case(s) failed (listed in the report)", failures.len())));
-    }
-    Ok(())
+    })
+}
+
+fn write_report(path: &std::path::Path, report: &Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(report).map_err(|e| Error::invalid("--json", e.to_string()))?;
+    std::fs::write(path, text).map_err(|e| Error::invalid("--json", format!("{}: {e}", path.display())))
 }
 
 #[cfg(test)]
