@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# The one prepared check for a machine with an NVIDIA GPU (written for an H200; must finish in
-# about 6 minutes there). Run from anywhere inside the repository:
+# The one prepared check for a machine with an NVIDIA GPU (written for the project's lent H200,
+# which has CUDA, Python and 16 cores but no Rust toolchain and no network; must finish in about
+# 6 minutes there). Run from anywhere inside the repository:
 #
-#   bash scripts/gpu-check.sh            # report in $OUT/gpu-check.json when OUT is set,
-#                                        # else target/gpu-check/report.json; a table last
+#   bash scripts/gpu-check-bundle.sh     # FIRST, on a machine with cargo (no GPU needed): builds
+#                                        # gpu-check-bundle/bundle.tar.xz for K3_CUDA_ARCHS (90a)
+#   bash scripts/gpu-check.sh            # on the GPU machine; report in $OUT/gpu-check.json when
+#                                        # OUT is set, else target/gpu-check/report.json; a table last
+#
+# Where the binaries come from: gpu-check-bundle/bundle.tar.xz when present (unpacked, nothing
+# is compiled by cargo); else, when cargo exists, scripts/gpu-check-bundle.sh --into builds them
+# for this card's arch; else the check stops with that reason.
 #
 # Steps (each bounded by what is left of a ${K3_GPU_CHECK_BUDGET_S:-340} s budget; a step that
 # fails or times out is recorded and the script goes on):
-#   1. fingerprint: nvidia-smi (card, driver, compute capability), nvcc, git commit, date
-#   2. build (release): k3-backend-cuda with its tests and examples, for this card's arch only
-#      (K3_CUDA_ARCHS from nvidia-smi's compute capability, nvcc from $NVCC, $CUDA_HOME, PATH),
-#      and the k3 binary with --features cuda
-#   3. CUDA conformance: cargo test -p k3-backend-cuda --release (GPU tests that skip with "no
-#      CUDA device" are counted as skipped, not passed)
-#   4. k3 demo --backend cuda, k3 doctor --backend cuda --json
-#   5. device benches: the k3-benches device bench binary when it exists (HOOK below)
-#   6. copy bandwidth and launch latency (backend-cuda/examples/copy_bandwidth.rs)
+#   1. fingerprint: nvidia-smi (card, driver, compute capability), nvcc, commits, date
+#   2. binaries: unpack the bundle (or build with cargo)
+#   3. nvcc_kernels: this machine's nvcc compiles every kernel of kernels/csrc for the card's arch
+#   4. gpu_tests, conformance, graph: the CUDA backend's device tests (memory, kernel sets from
+#      embedded cubins and NVRTC, launches, streams, cuBLASLt against a reference, the contract's
+#      GEMM on both routes), the conformance suite on CUDA, the decode-step CUDA graph test
+#   5. demo, doctor: k3 demo --backend cuda, k3 doctor --backend cuda --json
+#   6. device_bench: k3-device-bench --backend cuda (every op family at K3 shapes)
+#   7. copy_bandwidth: copy bandwidth and launch latency
 # Safe to run twice: everything it writes lives under target/gpu-check (cleared at the start)
 # and $OUT.
 set -u -o pipefail
@@ -117,70 +124,115 @@ if [ -n "$NVCC_BIN" ]; then
   export K3_REQUIRE_DEVICE_COMPILE=1
 fi
 [ -n "$ARCH" ] && export K3_CUDA_ARCHS="$ARCH"
+# NVRTC and cuBLASLt: the toolkit's lib64, else the pip wheels' folders (PyTorch brings them).
+LIBDIRS=""
+for d in "${CUDA_HOME:-/nonexistent}/lib64" "${CUDA_HOME:-/nonexistent}/lib" \
+  $(python3 - 2>/dev/null <<'PY'
+import importlib.util, os
+spec = importlib.util.find_spec("nvidia")
+for base in (spec.submodule_search_locations or []) if spec else []:
+    for root, _, files in os.walk(base):
+        if any(f.startswith(("libnvrtc.so", "libcublasLt.so")) for f in files):
+            print(root)
+PY
+  ); do
+  if ls "$d"/libnvrtc.so* >/dev/null 2>&1 || ls "$d"/libcublasLt.so* >/dev/null 2>&1; then LIBDIRS="$LIBDIRS:$d"; fi
+done
+[ -n "$LIBDIRS" ] && export LD_LIBRARY_PATH="${LIBDIRS#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 DIRTY=$(git status --porcelain 2>/dev/null | grep -q . && echo "+dirty" || true)
 DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-record fingerprint pass 0 "card=$CARD driver=$DRIVER cc=$CC arch=${ARCH:-?} nvcc=$NVCC_VERSION commit=$COMMIT$DIRTY"
+BUNDLE="$ROOT/gpu-check-bundle/bundle.tar.xz"
+record fingerprint pass 0 "card=$CARD driver=$DRIVER cc=$CC arch=${ARCH:-?} nvcc=$NVCC_VERSION tree=$COMMIT$DIRTY libs=${LIBDIRS#:}"
 
-# Offline machines: use what is in the local cargo cache when the registry cannot be reached.
-if ! timeout 60 cargo fetch >"$WORK/logs/fetch.log" 2>&1; then
-  export CARGO_NET_OFFLINE=true
-fi
-
-# ---- 2. build --------------------------------------------------------------------------------
-run_step build 240 cargo build --release -p k3-backend-cuda --tests --examples
-BUILD_OK=$?
-run_step build_k3 150 cargo build --release -p model-k3 --features cuda --bin k3
-K3_OK=$?
-
-# ---- 3. CUDA conformance ---------------------------------------------------------------------
-TESTS_PASSED=0 TESTS_FAILED=0 TESTS_SKIPPED=0
-if [ $BUILD_OK -eq 0 ]; then
-  LOG="$WORK/logs/conformance.log"
-  run_step conformance 150 cargo test -p k3-backend-cuda --release -- --nocapture --test-threads=1
-  [ -f "$LOG" ] || : >"$LOG"
-  TESTS_PASSED=$(grep -o '[0-9]* passed' "$LOG" | awk '{s+=$1} END {print s+0}')
-  TESTS_FAILED=$(grep -o '[0-9]* failed' "$LOG" | awk '{s+=$1} END {print s+0}')
-  TESTS_SKIPPED=$(grep -c 'skipped: ' "$LOG")
-  STEP_NOTE[${#STEP_NOTE[@]}-1]="$TESTS_PASSED passed, $TESTS_FAILED failed, $TESTS_SKIPPED skip notes; ${STEP_NOTE[${#STEP_NOTE[@]}-1]}"
-  if grep -q 'skipped: no CUDA device' "$LOG" && [ "$CARD" != unknown ]; then
-    STEP_STATUS[${#STEP_STATUS[@]}-1]=fail
-    STEP_NOTE[${#STEP_NOTE[@]}-1]="nvidia-smi sees $CARD but the GPU tests found no device: $(grep -m1 'skipped: no CUDA device' "$LOG" | cut -c1-300)"
-  fi
+# ---- 2. binaries -----------------------------------------------------------------------------
+BIN="$WORK/bin"
+unpack() {
+  mkdir -p "$WORK" && { tar -C "$WORK" -xJf "$BUNDLE" 2>/dev/null || python3 -m tarfile -e "$BUNDLE" "$WORK"; }
+}
+export -f unpack
+export WORK BUNDLE ROOT NVCC_BIN ARCH
+if [ -f "$BUNDLE" ]; then
+  run_step binaries 60 bash -c unpack
+elif command -v cargo >/dev/null 2>&1; then
+  # Offline machines: use what is in the local cargo cache when the registry cannot be reached.
+  timeout 60 cargo fetch >"$WORK/logs/fetch.log" 2>&1 || export CARGO_NET_OFFLINE=true
+  run_step binaries 300 bash "$ROOT/scripts/gpu-check-bundle.sh" --into "$WORK"
 else
-  record conformance skipped 0 "build failed"
+  record binaries fail 0 "no gpu-check-bundle/bundle.tar.xz and no cargo: run scripts/gpu-check-bundle.sh on a machine with cargo and bring gpu-check-bundle/ here"
+fi
+BIN_OK=1
+[ -x "$BIN/cuda-conformance" ] || BIN_OK=0
+BUILT=$(grep -s -E '^(commit|cuda_archs|nvcc)=' "$WORK/MANIFEST" | tr '\n' ' ')
+[ $BIN_OK -eq 1 ] && STEP_NOTE[${#STEP_NOTE[@]}-1]="built: $BUILT; ${STEP_NOTE[${#STEP_NOTE[@]}-1]}"
+
+# ---- 3. this machine's nvcc on every kernel -------------------------------------------------------
+nvcc_kernels() {
+  mkdir -p "$WORK/nvcc"
+  find "$ROOT/kernels/csrc" -name '*.cu' -not -path '*/k3/*' | sort |
+    xargs -P "$(nproc 2>/dev/null || echo 4)" -I{} sh -c \
+      'out="$1/$(echo "$2" | tr / _).cubin"; "$3" -cubin -std=c++17 -O3 -arch=sm_$4 -I"$5" "$2" -o "$out" || { echo "FAILED: $2"; exit 255; }' \
+      _ "$WORK/nvcc" {} "$NVCC_BIN" "$ARCH" "$ROOT/kernels/csrc"
+  echo "$(ls "$WORK/nvcc" | wc -l) cubins for sm_$ARCH"
+}
+export -f nvcc_kernels
+if [ -n "$NVCC_BIN" ] && [ -n "$ARCH" ]; then
+  run_step nvcc_kernels 90 bash -c nvcc_kernels
+else
+  record nvcc_kernels skipped 0 "no nvcc or no arch on this machine"
 fi
 
-# ---- 4. k3 demo / doctor -----------------------------------------------------------------------
-if [ $K3_OK -eq 0 ]; then
-  run_step demo 60 ./target/release/k3 demo --backend cuda --model "$WORK/tiny-k3"
-  run_step doctor 60 ./target/release/k3 doctor --backend cuda --json
+# ---- 4. CUDA device tests ------------------------------------------------------------------------
+TESTS_PASSED=0 TESTS_FAILED=0 TESTS_SKIPPED=0
+count_tests() { # adds a test log's counts; a GPU seen by nvidia-smi but not by the tests is a failure
+  local log="$WORK/logs/$1.log"
+  [ -f "$log" ] || return 0
+  TESTS_PASSED=$((TESTS_PASSED + $(grep -o '[0-9]* passed' "$log" | awk '{s+=$1} END {print s+0}')))
+  TESTS_FAILED=$((TESTS_FAILED + $(grep -o '[0-9]* failed' "$log" | awk '{s+=$1} END {print s+0}')))
+  TESTS_SKIPPED=$((TESTS_SKIPPED + $(grep -c 'skipped: ' "$log")))
+  if grep -q 'skipped: no CUDA device' "$log" && [ "$CARD" != unknown ]; then
+    STEP_STATUS[${#STEP_STATUS[@]}-1]=fail
+    STEP_NOTE[${#STEP_NOTE[@]}-1]="nvidia-smi sees $CARD but the tests found no device: $(grep -m1 'skipped: no CUDA device' "$log" | cut -c1-300)"
+  fi
+}
+if [ $BIN_OK -eq 1 ]; then
+  run_step gpu_tests 90 "$BIN/cuda-gpu-tests" --test-threads=1 --nocapture
+  count_tests gpu_tests
+  run_step conformance 120 "$BIN/cuda-conformance" --test-threads=4 --nocapture
+  count_tests conformance
+  run_step graph 60 "$BIN/cuda-graph-test" --test-threads=1 --nocapture
+  count_tests graph
+else
+  for s in gpu_tests conformance graph; do record $s skipped 0 "no binaries"; done
+fi
+
+# ---- 5. k3 demo / doctor -----------------------------------------------------------------------
+if [ $BIN_OK -eq 1 ]; then
+  run_step demo 60 "$BIN/k3" demo --backend cuda --model "$WORK/tiny-k3"
+  run_step doctor 60 "$BIN/k3" doctor --backend cuda --json
   cp "$WORK/logs/doctor.log" "$WORK/doctor.json" 2>/dev/null || true
 else
-  record demo skipped 0 "k3 build failed"
-  record doctor skipped 0 "k3 build failed"
+  record demo skipped 0 "no binaries"
+  record doctor skipped 0 "no binaries"
 fi
 
-# ---- 5. device benches (HOOK) ------------------------------------------------------------------
-# HOOK for the k3-benches device bench binary that others are writing. Contract: a binary target
-# named `k3-device-bench` in package k3-benches, run as
-#   k3-device-bench --backend cuda --json FILE
-# writing {"rows": [{"op": ..., "shape": ..., "dtype": ..., "us": ..., "tflops": ..., "gbs": ...}]}
-# (the per-op rows of BENCHMARKS.md). Until it exists this step reports "not built".
+# ---- 6. device benches ---------------------------------------------------------------------------
+# Rows {op, shape, dtype, us, tflops, gbs, bytes, flops, pct_copy}; the JSON is rewritten after
+# every case, so a step cut short by the budget still reports the cases it finished.
 BENCH_JSON="$WORK/device-bench.json"
-if cargo metadata --no-deps --format-version 1 2>/dev/null | grep -q '"name":"k3-device-bench"'; then
-  run_step device_bench 120 cargo run --release -p k3-benches --bin k3-device-bench -- --backend cuda --json "$BENCH_JSON"
+if [ $BIN_OK -eq 1 ]; then
+  run_step device_bench 150 "$BIN/k3-device-bench" --backend cuda --json "$BENCH_JSON"
 else
-  record device_bench "not built" 0 "k3-benches has no k3-device-bench binary yet"
+  record device_bench skipped 0 "no binaries"
 fi
 
-# ---- 6. copy bandwidth and launch latency ------------------------------------------------------
+# ---- 7. copy bandwidth and launch latency ------------------------------------------------------
 BW_JSON=""
-if [ $BUILD_OK -eq 0 ]; then
-  run_step copy_bandwidth 60 cargo run --release -q -p k3-backend-cuda --example copy_bandwidth -- 1024 20
+if [ $BIN_OK -eq 1 ]; then
+  run_step copy_bandwidth 60 "$BIN/copy_bandwidth" 1024 20
   BW_JSON=$(grep -s -m1 '^{' "$WORK/logs/copy_bandwidth.log")
 else
-  record copy_bandwidth skipped 0 "build failed"
+  record copy_bandwidth skipped 0 "no binaries"
 fi
 
 # ---- report ------------------------------------------------------------------------------------
@@ -192,6 +244,7 @@ raw_or_null() { # a JSON value from a file/string when it looks like one
   printf '  "schema": "k3-gpu-check/1",\n'
   printf '  "date": %s,\n' "$(json_str "$DATE")"
   printf '  "commit": %s,\n' "$(json_str "$COMMIT$DIRTY")"
+  printf '  "binaries": %s,\n' "$(json_str "${BUILT:-none}")"
   printf '  "card": %s,\n' "$(json_str "$CARD")"
   printf '  "gpu_seen": %s,\n' "$([ "$CARD" != unknown ] && echo true || echo false)"
   printf '  "driver": %s,\n' "$(json_str "$DRIVER")"

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Builds, on a machine WITHOUT a GPU, everything scripts/gpu-check.sh runs on a GPU machine that
+# has no Rust toolchain (the project's lent H200 has CUDA and Python but no cargo, and no network):
+# release binaries with the op kernels compiled by nvcc for the card's arch and embedded as
+# cubins, stripped and packed into gpu-check-bundle/bundle.tar.xz (git-ignored, about 14 MB).
+# Copy or carry that folder to the GPU machine; gpu-check.sh unpacks and runs it.
+#
+#   bash scripts/gpu-check-bundle.sh            # K3_CUDA_ARCHS defaults to 90a (H100 / H200)
+#   bash scripts/gpu-check-bundle.sh --into DIR # DIR/bin + DIR/MANIFEST, not packed (gpu-check.sh
+#                                               # on a GPU machine that has cargo)
+#
+# Needs nvcc (CUDA_HOME, NVCC or PATH; .ci/run installs one from the PyPI wheels). With
+# K3_REQUIRE_DEVICE_COMPILE=0 a missing nvcc is allowed: the binaries then JIT-compile the
+# kernels with the GPU machine's NVRTC.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BUNDLE="$ROOT/gpu-check-bundle"
+STAGE="$ROOT/target/gpu-check-bundle"
+PACK=1
+if [ "${1:-}" = "--into" ] && [ -n "${2:-}" ]; then
+  STAGE=$2
+  PACK=0
+fi
+export K3_CUDA_ARCHS="${K3_CUDA_ARCHS:-90a}"
+export K3_REQUIRE_DEVICE_COMPILE="${K3_REQUIRE_DEVICE_COMPILE:-1}"
+export CARGO_TERM_COLOR=never
+
+rm -rf "$STAGE/bin"
+mkdir -p "$STAGE/bin"
+
+# `cargo <args> --message-format=json` -> the executables it built, one per line: test harnesses
+# for `cargo test`, binaries and examples otherwise (`cargo test` also builds the package's bins).
+executables() {
+  local want_test=0
+  [ "$1" = test ] && want_test=1
+  cargo "$@" --release --message-format=json-render-diagnostics |
+    python3 -c 'import json, sys
+want_test = sys.argv[1] == "1"
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] == want_test:
+        print(m["executable"])' "$want_test"
+}
+
+# name in the bundle <- cargo invocation (each must build exactly one executable)
+pack() {
+  local name=$1
+  shift
+  local exe
+  exe=$(executables "$@" | tail -n 1)
+  if [ -z "$exe" ] || [ ! -x "$exe" ]; then
+    echo "gpu-check-bundle: cargo $* built no executable" >&2
+    exit 1
+  fi
+  strip -o "$STAGE/bin/$name" "$exe" 2>/dev/null || cp "$exe" "$STAGE/bin/$name"
+  echo "  $name <- $exe"
+}
+
+echo "building for K3_CUDA_ARCHS=$K3_CUDA_ARCHS (release)"
+pack k3 build -p model-k3 --features cuda --bin k3
+pack k3-device-bench build -p k3-benches --features cuda --bin k3-device-bench
+pack copy_bandwidth build -p k3-backend-cuda --example copy_bandwidth
+pack cuda-gpu-tests test --no-run -p k3-backend-cuda --test gpu
+pack cuda-conformance test --no-run -p k3-backend-cuda --test conformance_cuda
+pack cuda-graph-test test --no-run -p model-k3 --features cuda --test cuda_graph
+
+NVCC_LINE=$( (${NVCC:-nvcc} --version 2>/dev/null || "${CUDA_HOME:-/nonexistent}/bin/nvcc" --version 2>/dev/null) | grep -o 'release [0-9.]*, V[0-9.]*' | head -n 1 || true)
+{
+  echo "commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -q . && echo +dirty || true)"
+  echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "cuda_archs=$K3_CUDA_ARCHS"
+  echo "nvcc=${NVCC_LINE:-none (kernels JIT-compiled by NVRTC on the GPU machine)}"
+  echo "rustc=$(rustc --version 2>/dev/null || echo unknown)"
+} >"$STAGE/MANIFEST"
+[ $PACK -eq 1 ] || exit 0
+mkdir -p "$BUNDLE"
+cp "$STAGE/MANIFEST" "$BUNDLE/MANIFEST"
+XZ_OPT="-6 -T0" tar -C "$STAGE" -cJf "$BUNDLE/bundle.tar.xz.tmp" bin MANIFEST
+mv "$BUNDLE/bundle.tar.xz.tmp" "$BUNDLE/bundle.tar.xz"
+echo "bundle: $BUNDLE/bundle.tar.xz ($(du -h "$BUNDLE/bundle.tar.xz" | cut -f1)); manifest:"
+sed 's/^/  /' "$BUNDLE/MANIFEST"
