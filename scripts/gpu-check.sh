@@ -209,8 +209,8 @@ fi
 # ---- 5. k3 demo / doctor -----------------------------------------------------------------------
 if [ $BIN_OK -eq 1 ]; then
   run_step demo 60 "$BIN/k3" demo --backend cuda --model "$WORK/tiny-k3"
-  run_step doctor 60 "$BIN/k3" doctor --backend cuda --json
-  cp "$WORK/logs/doctor.log" "$WORK/doctor.json" 2>/dev/null || true
+  # stdout alone is the JSON; stderr goes to the step's log.
+  run_step doctor 60 sh -c '"$1" doctor --backend cuda --json >"$2"' _ "$BIN/k3" "$WORK/doctor.json"
 else
   record demo skipped 0 "no binaries"
   record doctor skipped 0 "no binaries"
