@@ -330,6 +330,10 @@ pub fn moe_gemm_bf16_matches_dense_reference<B: Backend + MoeAlign + MoeGroupedG
         Cfg { x_dt: DType::F32, linear_beta: None, ..cfg(7, 40, 8, 5, 1, 1) },
         Cfg { local: Some(3), ..cfg(7, 40, 16, 8, 2, 2) },
         cfg(0, 32, 16, 3, 2, 4),
+        // Prefill-sized M-blocks: 72 pairs per expert in blocks of 128 (row chunks of a tiled
+        // kernel: a full one and a partial one), bf16 act so both stages read bf16 inputs; k and
+        // n not multiples of 32 / 64 (tails of the k steps and of the column tiles).
+        Cfg { act_dt: DType::BF16, ..cfg(72, 80, 40, 2, 2, 128) },
     ];
     for c in &cases {
         let pr = make_problem(&mut rng, c, MoeWeightFormat::Dense);
@@ -344,6 +348,9 @@ pub fn moe_gemm_mxfp4_matches_dense_reference<B: Backend + MoeAlign + MoeGrouped
         cfg(6, 64, 32, 4, 2, 4),
         Cfg { act_dt: DType::BF16, out_dt: DType::BF16, ..cfg(4, 32, 64, 3, 3, 8) },
         Cfg { local: Some(2), x_dt: DType::F32, ..cfg(5, 96, 32, 6, 2, 2) },
+        // Several row chunks per M-block (70 pairs per expert, block_m 128), 1.5 column tiles of
+        // down outputs.
+        Cfg { act_dt: DType::BF16, ..cfg(70, 96, 32, 2, 2, 128) },
     ];
     for c in &cases {
         let pr = make_problem(&mut rng, c, MoeWeightFormat::Mxfp4);

@@ -1,21 +1,37 @@
 // Grouped expert GEMMs over block-aligned routing and the top-k combine (kernel-api
-// ops/moe_gemm.rs is the spec; vLLM fused_moe kernels 1/2 and moe_sum).
+// ops/moe_gemm.rs is the spec; vLLM fused_moe kernels 1/2 and moe_sum, FlashInfer grouped GEMM).
 //
-// moe_gemm_grouped: one block per (M-block of the align output, tile of kMoeBN output columns),
-// 256 threads, SIMT f32 FMA (no tensor cores). The block walks its M-block kMoeRM rows at a time
-// (stopping at the first padding sentinel); per row chunk it loops over k in kMoeBK = 32 steps:
-//   - gather: the chunk's input rows (token rows for GateUp, pair rows for Down) into shared
-//     memory as f32, optionally replaced by their MXFP8 round trip (one E8M0 exponent per 32 k:
-//     exactly one k step, amax by a 32-lane shuffle reduction);
-//   - decode: the expert's weight rows of the tile (GateUp: the gate rows and the matching up
-//     rows together) into shared memory as f32; MXFP4 as e2m1(code) * 2^(S-127), exact;
-//   - multiply: each thread owns one column and kMoeRM / 4 rows and accumulates every output
-//     in ascending k (the contract's sequential order). The order is the same for dense and
-//     MXFP4 weights and the decoded operands are the same f32 values, so MXFP4 results equal
-//     the bf16 twin's bit for bit.
+// Two grouped-GEMM kernels with the same arguments, tiles and epilogues, chosen by the launcher:
+// one block per (M-block of the align output, tile of kMoeBN = 64 output columns); blocks past
+// num_tokens_post_padded or with expert -1 exit at once. Per row chunk the block loops over k
+// in kMoeBK = 32 steps (= the MX block, so one E8M0 scale per weight row and per input row):
+//   - gather: the chunk's input rows (token p / top_k for GateUp, pair p for Down) into shared
+//     memory, optionally replaced by their MXFP8 round trip (amax by a 32-lane shuffle
+//     reduction over the 32 lanes that hold one row's MX block);
+//   - decode: the expert's weight rows of the tile (GateUp: the 64 gate rows AND the matching
+//     64 up rows, so the epilogue holds both accumulators of an output) into shared memory;
+//     MXFP4 as e2m1(code) * 2^(S-127), which is exact in f32 and in bf16;
+//   - multiply, accumulating in f32 in ascending k.
 // Epilogue: GateUp applies SiTU-GLU to the (gate, up) accumulator pair; Down multiplies by the
-// pair's router weight. Blocks past num_tokens_post_padded or with expert -1 exit at once.
-// Rows of pairs no block serves are zeroed beforehand by moe_gemm_zero_rows.
+// pair's router weight; one rounding to the output dtype. Rows of pairs no block serves are
+// zeroed beforehand by moe_gemm_zero_rows.
+//
+// moe_gemm_grouped_mma (bf16 input, bf16 or MXFP4 weights: every operand is exact in bf16, and
+// the MXFP8 round trip of a bf16 row stays on bf16's grid): 4 warps in a 2x2 grid, row chunks
+// of kMmaRM = 64 pairs, each warp owning 32 rows x 32 columns of the gate (and up) outputs as
+// k3::mma fragments of the target's bf16 shape (m16n8k16 mma.sync at warp 32, 16x16x16 MFMA at
+// warp 64), loaded from bf16 shared tiles (rows padded by 8 against bank conflicts) through
+// a_coord/b_coord. Fragments of 16-row groups without a pair, and column fragments past n, are
+// skipped (warp-uniform tests), so decode-sized M-blocks cost little; a chunk without any pair
+// is skipped whole. Shared: 64x40 + 128x40 bf16 tiles (GateUp; 64 rows for Down) + 64 ints.
+// Dense and MXFP4 weights reach the MMAs as the same bf16 operands in the same order, so MXFP4
+// results equal the bf16 twin's bit for bit.
+//
+// moe_gemm_grouped (any operand f32: the spec decodes exactly to f32, and an f32 operand is never
+// rounded to bf16): 256 threads, SIMT f32 FMA, row chunks of kMoeRM = 16 (stopping at the first
+// padding sentinel), f32 shared tiles; each thread owns one column and kMoeRM / 4 rows and
+// accumulates every output in ascending k (the contract's sequential order), the same order for
+// dense and MXFP4 weights (so MXFP4 equals the bf16 twin bit for bit here too).
 #include "k3/compat.h"
 
 namespace {
@@ -177,6 +193,232 @@ K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int
   }
 }
 K3_EXPORT(moe_gemm_grouped);
+
+// Full unrolling of the constant-trip loops over fragments, so they stay in registers on the
+// GPUs (the host SIMT build has no use for it).
+#if K3_TARGET_SIMT
+#define MOE_UNROLL
+#else
+#define MOE_UNROLL _Pragma("unroll")
+#endif
+
+namespace {
+
+constexpr int kMmaWarpTile = 32;             // each warp of the 2x2 grid owns 32 rows x 32 columns
+constexpr int kMmaRM = 2 * kMmaWarpTile;     // rows per chunk
+constexpr int kMmaLds = kMoeBK + 8;          // bf16 row pitch of the shared tiles (bank padding)
+static_assert(kMoeBN == 2 * kMmaWarpTile, "two warp columns span the output tile");
+
+// The MMA twin of moe_gemm_grouped's block (see the header). kGateUp selects the stage at compile
+// time so the down stage carries no up accumulators.
+template <class S, bool kGateUp>
+K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s1, const void* weight, int64_t w_s0,
+                                  int64_t w_s1, int64_t w_s2, const uint8_t* scale, int64_t sc_s0, int64_t sc_s1,
+                                  int64_t sc_s2, const int* sorted, int64_t sorted_s0, const int* expert_ids,
+                                  int64_t eid_s0, const int* num_post_padded, const float* topk_weights,
+                                  int64_t tw_s0, int64_t tw_s1, void* out, int out_dt, int64_t out_s0,
+                                  int64_t out_s1, int pairs, int top_k, int experts, int block_m, int k, int n,
+                                  int max_padded, float beta, float linear_beta, int mxfp8) {
+  using namespace k3::mma;
+  static_assert(S::M == 16, "row groups of 16 are fragment rows");
+  constexpr int kFragsM = kMmaWarpTile / S::M;
+  constexpr int kFragsN = kMmaWarpTile / S::N;
+  constexpr int kWRows = kGateUp ? 2 * kMoeBN : kMoeBN;
+  K3_SHARED(k3::bf16, a_tile, [kMmaRM][kMmaLds]);
+  K3_SHARED(k3::bf16, w_tile, [kWRows][kMmaLds]);
+  K3_SHARED(int, row_pair, [kMmaRM]);
+
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int threads = static_cast<int>(k3::block_dim_x());
+  const int blk = static_cast<int>(k3::block_idx_x());
+  const int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN;
+  int used = *num_post_padded;
+  used = used < max_padded ? used : max_padded;
+  if (blk * block_m >= used) return;
+  const int e = expert_ids[blk * eid_s0];
+  if (e < 0 || e >= experts) return;
+
+  const int warp = static_cast<int>(k3::warp_id());
+  const int wm = (warp / 2) * kMmaWarpTile;
+  const int wn = (warp % 2) * kMmaWarpTile;
+  // Column fragments wholly past n are skipped (warp-uniform, like the row fragments below).
+  bool col_live[kFragsN];
+  MOE_UNROLL
+  for (int j = 0; j < kFragsN; ++j) col_live[j] = n0 + wn + j * S::N < n;
+  const k3::bf16 zero = {0};
+  const k3::bf16* in_bf16 = static_cast<const k3::bf16*>(input);
+  const k3::bf16* w_bf16 = static_cast<const k3::bf16*>(weight);
+  const uint8_t* w_mx = static_cast<const uint8_t*>(weight);
+
+  for (int m0 = 0; m0 < block_m; m0 += kMmaRM) {
+    if (tid < kMmaRM) {
+      int p = -1;
+      if (m0 + tid < block_m) {
+        p = sorted[(static_cast<int64_t>(blk) * block_m + m0 + tid) * sorted_s0];
+        if (p < 0 || p >= pairs) p = -1;  // padding sentinel (or an invalid entry)
+      }
+      row_pair[tid] = p;
+    }
+    k3::sync_threads();
+    // Which 16-row groups of the chunk hold a pair: fragments of empty groups are neither
+    // multiplied nor stored, and an empty chunk is skipped (the same value in every thread).
+    unsigned live_groups = 0;
+    for (int r = 0; r < kMmaRM; ++r) live_groups |= row_pair[r] >= 0 ? 1u << (r / 16) : 0u;
+    if (live_groups == 0) {
+      k3::sync_threads();  // row_pair is rewritten by the next chunk
+      continue;
+    }
+    bool row_live[kFragsM];
+    MOE_UNROLL
+    for (int i = 0; i < kFragsM; ++i) row_live[i] = ((live_groups >> ((wm + i * S::M) / 16)) & 1u) != 0;
+
+    FragC<S> acc_g[kFragsM][kFragsN];
+    FragC<S> acc_u[kGateUp ? kFragsM : 1][kGateUp ? kFragsN : 1];
+    MOE_UNROLL
+    for (int i = 0; i < kFragsM; ++i) {
+      MOE_UNROLL
+      for (int j = 0; j < kFragsN; ++j) {
+        fill(acc_g[i][j], 0.0f);
+        if constexpr (kGateUp) fill(acc_u[i][j], 0.0f);
+      }
+    }
+
+    for (int k0 = 0; k0 < k; k0 += kMoeBK) {
+      const int kn = k - k0 < kMoeBK ? k - k0 : kMoeBK;
+      // Gather the chunk's input rows as bf16; lanes map to consecutive k of one row. The MXFP8
+      // round trip of a bf16 row is exact in bf16 (e4m3 code x 2^x on the input's grid).
+      for (int idx = tid; idx < kMmaRM * kMoeBK; idx += threads) {
+        const int r = idx / kMoeBK;
+        const int kk = idx % kMoeBK;
+        const int p = row_pair[r];
+        k3::bf16 v = zero;
+        if (p >= 0 && kk < kn) {
+          const int64_t in_row = kGateUp ? p / top_k : p;
+          v = in_bf16[in_row * in_s0 + static_cast<int64_t>(k0 + kk) * in_s1];
+        }
+        if (mxfp8) v = k3::f32_to_bf16(moe_mxfp8_round_trip(k3::bf16_to_f32(v)));  // the 32 lanes hold one MX block
+        a_tile[r][kk] = v;
+      }
+      // Decode the expert's weight rows of the tile (gate rows, then the matching up rows).
+      if (scale != nullptr) {
+        // MXFP4: one byte (two k) per thread; k % 32 == 0 so the step is one whole MX block with
+        // one scale per row. e2m1 x 2^(S-127) is exact in bf16.
+        for (int idx = tid; idx < kWRows * (kMoeBK / 2); idx += threads) {
+          const int lr = idx / (kMoeBK / 2);
+          const int b = idx % (kMoeBK / 2);
+          const int j = n0 + lr % kMoeBN;
+          k3::bf16 lo = zero, hi = zero;
+          if (j < n) {
+            const int64_t row = lr < kMoeBN ? j : n + j;
+            const uint8_t byte = w_mx[e * w_s0 + row * w_s1 + (k0 / 2 + b) * w_s2];
+            const float s = k3::load_f32(scale, k3::kE8M0, e * sc_s0 + row * sc_s1 + (k0 / kMoeBK) * sc_s2);
+            lo = k3::f32_to_bf16(moe_e2m1(byte & 0x0fu) * s);
+            hi = k3::f32_to_bf16(moe_e2m1(byte >> 4) * s);
+          }
+          w_tile[lr][2 * b] = lo;
+          w_tile[lr][2 * b + 1] = hi;
+        }
+      } else {
+        for (int idx = tid; idx < kWRows * kMoeBK; idx += threads) {
+          const int lr = idx / kMoeBK;
+          const int kk = idx % kMoeBK;
+          const int j = n0 + lr % kMoeBN;
+          k3::bf16 v = zero;
+          if (j < n && kk < kn) {
+            const int64_t row = lr < kMoeBN ? j : n + j;
+            v = w_bf16[e * w_s0 + row * w_s1 + static_cast<int64_t>(k0 + kk) * w_s2];
+          }
+          w_tile[lr][kk] = v;
+        }
+      }
+      k3::sync_threads();
+      // Ascending k, one fragment step at a time: the same order for dense and MXFP4 weights.
+      for (int kk = 0; kk < kn; kk += S::K) {
+        FragA<S> fa[kFragsM];
+        MOE_UNROLL
+        for (int i = 0; i < kFragsM; ++i) {
+          if (row_live[i]) load_a(fa[i], &a_tile[wm + i * S::M][kk], kMmaLds);
+        }
+        MOE_UNROLL
+        for (int j = 0; j < kFragsN; ++j) {
+          if (!col_live[j]) continue;
+          // B[k][n] = W[n][k]: the weight tile is B transposed.
+          FragB<S> fb;
+          load_b_transposed(fb, &w_tile[wn + j * S::N][kk], kMmaLds);
+          MOE_UNROLL
+          for (int i = 0; i < kFragsM; ++i) {
+            if (row_live[i]) mma_sync(acc_g[i][j], fa[i], fb, acc_g[i][j]);
+          }
+          if constexpr (kGateUp) {
+            load_b_transposed(fb, &w_tile[kMoeBN + wn + j * S::N][kk], kMmaLds);
+            MOE_UNROLL
+            for (int i = 0; i < kFragsM; ++i) {
+              if (row_live[i]) mma_sync(acc_u[i][j], fa[i], fb, acc_u[i][j]);
+            }
+          }
+        }
+      }
+      k3::sync_threads();  // tiles are consumed before the next step overwrites them
+    }
+
+    // Epilogue from the fragments: the gate and up accumulators of a slot share (row, col).
+    MOE_UNROLL
+    for (int i = 0; i < kFragsM; ++i) {
+      if (!row_live[i]) continue;
+      MOE_UNROLL
+      for (int j = 0; j < kFragsN; ++j) {
+        if (!col_live[j]) continue;
+        MOE_UNROLL
+        for (int s = 0; s < S::kCSlots; ++s) {
+          const RC rc = c_coord<S>(s);
+          const int p = row_pair[wm + i * S::M + rc.row];
+          const int col = n0 + wn + j * S::N + rc.col;
+          if (p < 0 || col >= n) continue;
+          float v;
+          if constexpr (kGateUp) {
+            const float g = acc_g[i][j].x[s];
+            const float u = acc_u[i][j].x[s];
+            const float gate = beta * k3::tanh_f32(g / beta) * k3::sigmoid_f32(g);
+            const float up = linear_beta > 0.0f ? linear_beta * k3::tanh_f32(u / linear_beta) : u;
+            v = gate * up;
+          } else {
+            v = acc_g[i][j].x[s] * topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
+          }
+          k3::store_f32(out, out_dt, p * out_s0 + col * out_s1, v);
+        }
+      }
+    }
+    k3::sync_threads();  // row_pair is rewritten by the next chunk
+  }
+}
+
+}  // namespace
+
+// Same arguments as moe_gemm_grouped; the launcher sends only bf16 input and bf16 or MXFP4
+// weights here (in_dt and w_dt are then implied). Block: 4 warps (4 * kWarpSize threads).
+K3_KERNEL void moe_gemm_grouped_mma(const void* input, int in_dt, int64_t in_s0, int64_t in_s1, const void* weight,
+                                    int w_dt, int64_t w_s0, int64_t w_s1, int64_t w_s2, const uint8_t* scale,
+                                    int64_t sc_s0, int64_t sc_s1, int64_t sc_s2, const int* sorted, int64_t sorted_s0,
+                                    const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
+                                    const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out, int out_dt,
+                                    int64_t out_s0, int64_t out_s1, int pairs, int top_k, int experts, int block_m,
+                                    int k, int n, int max_padded, int gate_up, float beta, float linear_beta,
+                                    int mxfp8) {
+  (void)in_dt;
+  (void)w_dt;
+  if (gate_up) {
+    moe_gemm_mma_block<k3::mma::Bf16Shape, true>(input, in_s0, in_s1, weight, w_s0, w_s1, w_s2, scale, sc_s0, sc_s1,
+                                                 sc_s2, sorted, sorted_s0, expert_ids, eid_s0, num_post_padded,
+                                                 topk_weights, tw_s0, tw_s1, out, out_dt, out_s0, out_s1, pairs,
+                                                 top_k, experts, block_m, k, n, max_padded, beta, linear_beta, mxfp8);
+  } else {
+    moe_gemm_mma_block<k3::mma::Bf16Shape, false>(input, in_s0, in_s1, weight, w_s0, w_s1, w_s2, scale, sc_s0, sc_s1,
+                                                  sc_s2, sorted, sorted_s0, expert_ids, eid_s0, num_post_padded,
+                                                  topk_weights, tw_s0, tw_s1, out, out_dt, out_s0, out_s1, pairs,
+                                                  top_k, experts, block_m, k, n, max_padded, beta, linear_beta, mxfp8);
+  }
+}
+K3_EXPORT(moe_gemm_grouped_mma);
 
 // out[r, j] = 0 for every row: rows of pairs that no block serves (expert map) must read zero.
 K3_KERNEL void moe_gemm_zero_rows(void* out, int out_dt, int64_t out_s0, int64_t out_s1, int64_t rows, int n) {

@@ -1,6 +1,13 @@
-//! Grouped expert GEMM and combine launchers (csrc/ops/moe_gemm.cu): `moe_gemm_zero_rows` then
-//! `moe_gemm_grouped` on a grid of (M-blocks, 64-column tiles); `moe_combine_sum` one block per
-//! token.
+//! Grouped expert GEMM and combine launchers (csrc/ops/moe_gemm.cu): `moe_gemm_zero_rows`, then
+//! one grouped-GEMM kernel on a grid of (M-blocks, 64-column tiles); `moe_combine_sum` one block
+//! per token.
+//!
+//! Kernel choice: `moe_gemm_grouped_mma` (bf16 tensor-core fragments, 4 warps) when every operand
+//! entering the product is exact in bf16: bf16 input (with or without the MXFP8 round trip, whose
+//! e4m3 x 2^x values of a bf16 row stay on bf16's grid) and bf16 or MXFP4 weights (e2m1 x
+//! 2^(S-127) is exact in bf16). Otherwise (f32 input or f32 weights) `moe_gemm_grouped`, the f32
+//! FMA kernel: the spec decodes operands exactly to f32, so an f32 operand is never rounded to
+//! bf16. Both kernels take the same arguments and use the same tiles and epilogues.
 
 use crate::gpu_backend::{arg, blocks_for, dtype_code, to_i32, GpuBackend};
 use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
@@ -8,11 +15,19 @@ use kernel_api::ops::{
     check_workspace, MoeActivationQuant, MoeCombine, MoeCombineArgs, MoeCombineParams, MoeCombinePlan, MoeGemmArgs,
     MoeGemmParams, MoeGemmPlan, MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
 };
-use kernel_api::{Error, Result};
+use kernel_api::{Backend, DType, Error, Result};
 
 const THREADS: u32 = 256;
+/// Warps of the MMA kernel (a 2x2 grid of 32x32 warp tiles).
+const MMA_WARPS: u32 = 4;
 /// Output columns per block (`kMoeBN` in the kernel).
 const TILE_N: usize = 64;
+
+/// Whether the product's operands are all exact in bf16, so the MMA kernel computes the spec's
+/// products exactly (see the module docs).
+fn uses_mma(p: &MoeGemmParams, input: DType, weight: DType) -> bool {
+    input == DType::BF16 && (p.weights == MoeWeightFormat::Mxfp4 || weight == DType::BF16)
+}
 
 impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
     fn supports(&self, p: &MoeGemmParams) -> Result<()> {
@@ -125,7 +140,12 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
             u32::try_from(plan.num_blocks).map_err(|_| Error::unsupported("params.routing", "too many M-blocks"))?,
             p.n.div_ceil(TILE_N) as u32,
         );
-        self.launch("moe_gemm_grouped", LaunchConfig::new(grid, THREADS, 0), &mut a, stream)
+        let (name, threads) = if uses_mma(p, inp.dtype, w.dtype) {
+            ("moe_gemm_grouped_mma", MMA_WARPS * self.device_info().warp_size)
+        } else {
+            ("moe_gemm_grouped", THREADS)
+        };
+        self.launch(name, LaunchConfig::new(grid, threads, 0), &mut a, stream)
     }
 }
 
