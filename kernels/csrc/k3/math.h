@@ -40,6 +40,14 @@ K3_DEVICE float max_f32(float a, float b) { return fmaxf(a, b); }
 
 K3_DEVICE float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 
+// SiTU-GLU of one (gate, up) pair (kernel-api ops/elementwise.rs): beta·tanh(g/beta)·sigmoid(g)
+// times the up value, itself capped as linear_beta·tanh(u/linear_beta) when linear_beta > 0.
+K3_DEVICE float situ_glu_f32(float g, float u, float beta, float linear_beta) {
+  const float gate = beta * tanh_f32(g / beta) * sigmoid_f32(g);
+  const float up = linear_beta > 0.0f ? linear_beta * tanh_f32(u / linear_beta) : u;
+  return gate * up;
+}
+
 K3_END
 
 #endif  // K3_MATH_H

@@ -16,9 +16,7 @@ K3_KERNEL void dense_situ_glu(const void* gate, int g_dt, int64_t g_rs, const vo
     const int64_t r = i / cols, c = i % cols;
     const float g = k3::load_f32(gate, g_dt, r * g_rs + c);
     const float u = k3::load_f32(up, u_dt, r * u_rs + c);
-    const float capped_gate = beta * k3::tanh_f32(g / beta) * k3::sigmoid_f32(g);
-    const float capped_up = lb > 0.0f ? lb * k3::tanh_f32(u / lb) : u;
-    k3::store_f32(out, out_dt, i, capped_gate * capped_up);
+    k3::store_f32(out, out_dt, i, k3::situ_glu_f32(g, u, beta, lb));
   }
 }
 K3_EXPORT(dense_situ_glu);

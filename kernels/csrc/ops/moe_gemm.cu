@@ -179,11 +179,7 @@ K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int
       if (p < 0 || j >= n) continue;
       float v;
       if (gate_up) {
-        const float g = acc_g[i];
-        const float u = acc_u[i];
-        const float gate = beta * k3::tanh_f32(g / beta) * k3::sigmoid_f32(g);
-        const float up = linear_beta > 0.0f ? linear_beta * k3::tanh_f32(u / linear_beta) : u;
-        v = gate * up;
+        v = k3::situ_glu_f32(acc_g[i], acc_u[i], beta, linear_beta);
       } else {
         v = acc_g[i] * topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
       }
@@ -376,11 +372,7 @@ K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s
           if (p < 0 || col >= n) continue;
           float v;
           if constexpr (kGateUp) {
-            const float g = acc_g[i][j].x[s];
-            const float u = acc_u[i][j].x[s];
-            const float gate = beta * k3::tanh_f32(g / beta) * k3::sigmoid_f32(g);
-            const float up = linear_beta > 0.0f ? linear_beta * k3::tanh_f32(u / linear_beta) : u;
-            v = gate * up;
+            v = k3::situ_glu_f32(acc_g[i][j].x[s], acc_u[i][j].x[s], beta, linear_beta);
           } else {
             v = acc_g[i][j].x[s] * topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
           }
