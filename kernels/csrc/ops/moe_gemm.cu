@@ -85,6 +85,25 @@ K3_DEVICE float moe_mxfp8_round_trip(float v) {
   return k3::e4m3fn_to_f32(code) * moe_pow2(x);
 }
 
+// The expert of M-block `blk`, or -1 when the block lies past num_tokens_post_padded or has no
+// expert (-1 from an expert map, or an id out of range).
+K3_DEVICE int moe_block_expert(int blk, int block_m, const int* num_post_padded, int max_padded,
+                               const int* expert_ids, int64_t eid_s0, int experts) {
+  int used = *num_post_padded;
+  used = used < max_padded ? used : max_padded;
+  if (blk * block_m >= used) return -1;
+  const int e = expert_ids[blk * eid_s0];
+  return e >= 0 && e < experts ? e : -1;
+}
+
+// The pair of row `row` of M-block `blk`; -1 for the padding sentinel, an invalid entry, or a
+// row past the block.
+K3_DEVICE int moe_row_pair(const int* sorted, int64_t sorted_s0, int blk, int block_m, int row, int pairs) {
+  if (row >= block_m) return -1;
+  const int p = sorted[(static_cast<int64_t>(blk) * block_m + row) * sorted_s0];
+  return p >= 0 && p < pairs ? p : -1;
+}
+
 }  // namespace
 
 K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int64_t in_s1, const void* weight,
@@ -101,24 +120,14 @@ K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int blk = static_cast<int>(k3::block_idx_x());
   const int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN;
-  int used = *num_post_padded;
-  used = used < max_padded ? used : max_padded;
-  if (blk * block_m >= used) return;
-  const int e = expert_ids[blk * eid_s0];
-  if (e < 0 || e >= experts) return;
+  const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts);
+  if (e < 0) return;
 
   const int col = tid % kMoeBN;
   const int row0 = tid / kMoeBN;
   const int w_rows = gate_up ? 2 * kMoeBN : kMoeBN;
   for (int m0 = 0; m0 < block_m; m0 += kMoeRM) {
-    if (tid < kMoeRM) {
-      int p = -1;
-      if (m0 + tid < block_m) {
-        p = sorted[(static_cast<int64_t>(blk) * block_m + m0 + tid) * sorted_s0];
-        if (p < 0 || p >= pairs) p = -1;  // padding sentinel (or an invalid entry)
-      }
-      row_pair[tid] = p;
-    }
+    if (tid < kMoeRM) row_pair[tid] = moe_row_pair(sorted, sorted_s0, blk, block_m, m0 + tid, pairs);
     k3::sync_threads();
     if (row_pair[0] < 0) break;  // runs are packed: the rest of the block is padding
 
@@ -228,11 +237,8 @@ K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s
   const int threads = static_cast<int>(k3::block_dim_x());
   const int blk = static_cast<int>(k3::block_idx_x());
   const int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN;
-  int used = *num_post_padded;
-  used = used < max_padded ? used : max_padded;
-  if (blk * block_m >= used) return;
-  const int e = expert_ids[blk * eid_s0];
-  if (e < 0 || e >= experts) return;
+  const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts);
+  if (e < 0) return;
 
   const int warp = static_cast<int>(k3::warp_id());
   const int wm = (warp / 2) * kMmaWarpTile;
@@ -247,14 +253,7 @@ K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s
   const uint8_t* w_mx = static_cast<const uint8_t*>(weight);
 
   for (int m0 = 0; m0 < block_m; m0 += kMmaRM) {
-    if (tid < kMmaRM) {
-      int p = -1;
-      if (m0 + tid < block_m) {
-        p = sorted[(static_cast<int64_t>(blk) * block_m + m0 + tid) * sorted_s0];
-        if (p < 0 || p >= pairs) p = -1;  // padding sentinel (or an invalid entry)
-      }
-      row_pair[tid] = p;
-    }
+    if (tid < kMmaRM) row_pair[tid] = moe_row_pair(sorted, sorted_s0, blk, block_m, m0 + tid, pairs);
     k3::sync_threads();
     // Which 16-row groups of the chunk hold a pair: fragments of empty groups are neither
     // multiplied nor stored, and an empty chunk is skipped (the same value in every thread).
