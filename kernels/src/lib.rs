@@ -5,8 +5,9 @@
 //!   emulator (`K3_SIMT`, with `K3_WARP_SIZE` 32 or 64). `csrc/tests/` are the dialect's own
 //!   test kernels.
 //! - [`runtime`]: the [`Runtime`] trait every GPU-ish backend implements (memory, copies,
-//!   modules, launches by kernel name with cuLaunchKernel-style parameters, streams, events).
-//!   Op launchers are written once against it and shared by CUDA, ROCm and SIMT.
+//!   modules, launches by kernel name with cuLaunchKernel-style parameters, streams, events,
+//!   and an optional vendor-BLAS hook for the dense GEMM: cuBLASLt on CUDA). Op launchers are
+//!   written once against it and shared by CUDA, ROCm and SIMT.
 //!
 //! This crate depends on no toolkit: backends compile or load the sources themselves.
 
