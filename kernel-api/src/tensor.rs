@@ -204,6 +204,10 @@ impl<'a, B: Backend + ?Sized> TensorRef<'a, B> {
     pub fn check<'s>(&'s self, backend: &B, field: &'s str) -> Result<Check<'s>> {
         Check::new(field, &self.layout).fits(backend.buffer_len(self.buf))
     }
+    /// The buffer and the layout, borrowed.
+    pub fn parts(&self) -> (&B::Buffer, &Layout) {
+        (self.buf, &self.layout)
+    }
 }
 
 impl<'a, B: Backend + ?Sized> TensorMut<'a, B> {
@@ -219,6 +223,10 @@ impl<'a, B: Backend + ?Sized> TensorMut<'a, B> {
     }
     pub fn reborrow(&mut self) -> TensorMut<'_, B> {
         TensorMut { buf: &mut *self.buf, layout: self.layout.clone() }
+    }
+    /// The buffer (read-only) and the layout, borrowed.
+    pub fn parts(&self) -> (&B::Buffer, &Layout) {
+        (&*self.buf, &self.layout)
     }
 }
 

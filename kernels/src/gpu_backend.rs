@@ -44,18 +44,25 @@ impl<R: Runtime> GpuBackend<R> {
         self.rt.device_ptr(buf).offset((layout.offset * layout.dtype.size_bytes()) as u64)
     }
 
-    /// Pushes an optional vector argument as (device pointer, stride of dim 0), or (null, 0)
-    /// when it is absent: the kernel checks the pointer.
-    pub fn push_opt_vec(&self, args: &mut KernelArgs, t: Option<&kernel_api::TensorRef<'_, Self>>) {
-        match t {
-            Some(t) => {
-                args.push(self.ptr(t.buf, &t.layout));
-                args.push(t.layout.strides[0] as i64);
-            }
-            None => {
-                args.push(DevicePtr(0));
-                args.push(0i64);
-            }
+    /// Pushes an optional tensor argument (`TensorRef::parts` / `TensorMut::parts`): its device
+    /// pointer and its first `strides` strides, or a null pointer and zero strides when it is
+    /// absent (kernels test the pointer).
+    pub fn push_opt(&self, args: &mut KernelArgs, t: Option<(&R::Buffer, &Layout)>, strides: usize) {
+        self.push_opt_parts(args, t, false, strides);
+    }
+
+    /// [`GpuBackend::push_opt`] with the dtype code after the pointer (0 when absent).
+    pub fn push_opt_typed(&self, args: &mut KernelArgs, t: Option<(&R::Buffer, &Layout)>, strides: usize) {
+        self.push_opt_parts(args, t, true, strides);
+    }
+
+    fn push_opt_parts(&self, args: &mut KernelArgs, t: Option<(&R::Buffer, &Layout)>, typed: bool, strides: usize) {
+        args.push(t.map_or(DevicePtr(0), |(buf, l)| self.ptr(buf, l)));
+        if typed {
+            args.push(t.map_or(0, |(_, l)| dtype_code(l.dtype)));
+        }
+        for i in 0..strides {
+            args.push(t.and_then(|(_, l)| l.strides.get(i)).map_or(0, |&s| s as i64));
         }
     }
 

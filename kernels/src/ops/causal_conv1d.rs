@@ -4,12 +4,12 @@
 //! the offsets and slots from the device tensors.
 
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
-use crate::runtime::{DevicePtr, Dim3, KernelArgs, LaunchConfig, Runtime};
+use crate::runtime::{Dim3, KernelArgs, LaunchConfig, Runtime};
 use kernel_api::error::Reasons;
 use kernel_api::ops::{
     check_workspace, CausalConv1d, CausalConv1dArgs, CausalConv1dParams, CausalConv1dPlan, ConvActivation,
 };
-use kernel_api::{Error, Result};
+use kernel_api::{Error, Result, TensorMut, TensorRef};
 
 const THREADS: u32 = 128;
 /// Tokens per thread. At least MAX_WIDTH - 1, so only chunk 0 reaches into the history.
@@ -70,23 +70,8 @@ impl<R: Runtime> CausalConv1d for GpuBackend<R> {
         arg(&mut a, self.ptr(args.cu_seqlens.buf, cu));
         arg(&mut a, dtype_code(cu.dtype));
         arg(&mut a, cu.strides[0] as i64);
-        self.push_opt_vec(&mut a, args.state_indices.as_ref());
-        match args.conv_state.as_ref().filter(|_| p.uses_state()) {
-            Some(t) => {
-                arg(&mut a, self.ptr(&*t.buf, &t.layout));
-                arg(&mut a, dtype_code(t.layout.dtype));
-                for &s in &t.layout.strides {
-                    arg(&mut a, s as i64);
-                }
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i32);
-                for _ in 0..3 {
-                    arg(&mut a, 0i64);
-                }
-            }
-        }
+        self.push_opt(&mut a, args.state_indices.as_ref().map(TensorRef::parts), 1);
+        self.push_opt_typed(&mut a, args.conv_state.as_ref().filter(|_| p.uses_state()).map(TensorMut::parts), 3);
         let out = &args.out.layout;
         arg(&mut a, self.ptr(&*args.out.buf, out));
         arg(&mut a, dtype_code(out.dtype));

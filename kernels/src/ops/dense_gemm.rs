@@ -6,7 +6,7 @@
 //! 64x64 output tiles; grid x over N tiles, y over M tiles.
 
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
-use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, MatrixOperand, Runtime, VendorGemmArgs};
+use crate::runtime::{KernelArgs, LaunchConfig, MatrixOperand, Runtime, VendorGemmArgs};
 use kernel_api::ops::{check_workspace, Gemm, GemmArgs, GemmParams, GemmPlan};
 use kernel_api::{Backend, DType, Error, Result, TensorRef};
 
@@ -91,16 +91,7 @@ impl<R: Runtime> Gemm for GpuBackend<R> {
             arg(&mut a, dtype_code(w.dtype));
         }
         arg(&mut a, w.strides[0] as i64);
-        match &args.bias {
-            Some(b) => {
-                arg(&mut a, self.ptr(b.buf, &b.layout));
-                arg(&mut a, dtype_code(b.layout.dtype));
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i32);
-            }
-        }
+        self.push_opt_typed(&mut a, args.bias.as_ref().map(TensorRef::parts), 0);
         arg(&mut a, self.ptr(&*args.out.buf, out));
         arg(&mut a, dtype_code(out.dtype));
         arg(&mut a, to_i32("params.m", p.m)?);

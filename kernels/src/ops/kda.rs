@@ -13,7 +13,7 @@ use kernel_api::ops::{
     check_workspace, KdaGate, KdaGateArgs, KdaGateMode, KdaGateParams, KdaGatePlan, KdaPrefill, KdaPrefillArgs,
     KdaPrefillParams, KdaPrefillPlan, KdaStateLayout,
 };
-use kernel_api::{Backend, DType, Error, Result, TensorRef};
+use kernel_api::{Backend, DType, Error, Result, TensorMut, TensorRef};
 
 const GATE_THREADS: u32 = 256;
 const SCHEDULE_THREADS: u32 = 256;
@@ -222,48 +222,9 @@ impl<R: Runtime> KdaPrefill for GpuBackend<R> {
         arg(&mut a, desc);
         arg(&mut a, seq_base);
         arg(&mut a, rows);
-        match args.state.as_ref().filter(|_| p.uses_state_pool()) {
-            Some(s) => {
-                let l = &s.layout;
-                arg(&mut a, self.ptr(&*s.buf, l));
-                arg(&mut a, dtype_code(l.dtype));
-                arg(&mut a, l.strides[0] as i64);
-                arg(&mut a, l.strides[1] as i64);
-                arg(&mut a, l.strides[2] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i32);
-                arg(&mut a, 0i64);
-                arg(&mut a, 0i64);
-                arg(&mut a, 0i64);
-            }
-        }
-        match &args.state_indices {
-            Some(t) => {
-                arg(&mut a, self.ptr(t.buf, &t.layout));
-                arg(&mut a, dtype_code(t.layout.dtype));
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i32);
-            }
-        }
-        match &args.checkpoint_state {
-            Some(c) => {
-                let l = &c.layout;
-                arg(&mut a, self.ptr(&*c.buf, l));
-                for &s in &l.strides[..4] {
-                    arg(&mut a, s as i64);
-                }
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                for _ in 0..4 {
-                    arg(&mut a, 0i64);
-                }
-            }
-        }
+        self.push_opt_typed(&mut a, args.state.as_ref().filter(|_| p.uses_state_pool()).map(TensorMut::parts), 3);
+        self.push_opt_typed(&mut a, args.state_indices.as_ref().map(TensorRef::parts), 0);
+        self.push_opt(&mut a, args.checkpoint_state.as_ref().map(TensorMut::parts), 4);
         arg(&mut a, plan.checkpoints_per_seq.max(1) as i32);
         let o = &args.out.layout;
         arg(&mut a, self.ptr(&*args.out.buf, o));

@@ -2,13 +2,13 @@
 //! (row, head); the head's state streams through a shared-memory tile of K × [`CHUNK`] f32.
 
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
-use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
+use crate::runtime::{KernelArgs, LaunchConfig, Runtime};
 use kernel_api::error::Reasons;
 use kernel_api::ops::{
     check_workspace, KdaDecode, KdaDecodeArgs, KdaDecodeParams, KdaDecodePlan, KdaGateMode, KdaOutputNorm,
     KdaStateLayout,
 };
-use kernel_api::{Backend, Result};
+use kernel_api::{Backend, Result, TensorRef};
 
 /// Threads per block (`kda_decode_fused::kThreads`).
 const THREADS: u32 = 128;
@@ -87,8 +87,8 @@ impl<R: Runtime> KdaDecode for GpuBackend<R> {
         arg(&mut a, be.strides[1] as i64);
         // A_log and dt_bias are read only by the gates that use them (check_args requires A_log there).
         let uses_gate = p.gate.uses_gate_params();
-        self.push_opt_vec(&mut a, args.a_log.as_ref().filter(|_| uses_gate));
-        self.push_opt_vec(&mut a, args.dt_bias.as_ref().filter(|_| uses_gate));
+        self.push_opt(&mut a, args.a_log.as_ref().filter(|_| uses_gate).map(TensorRef::parts), 1);
+        self.push_opt(&mut a, args.dt_bias.as_ref().filter(|_| uses_gate).map(TensorRef::parts), 1);
         let si = &args.state_indices.layout;
         arg(&mut a, self.ptr(args.state_indices.buf, si));
         arg(&mut a, si.strides[0] as i64);
@@ -108,21 +108,8 @@ impl<R: Runtime> KdaDecode for GpuBackend<R> {
             KdaOutputNorm::GatedRmsNorm { eps } => (true, eps),
             KdaOutputNorm::None => (false, 0.0),
         };
-        match args.output_gate.as_ref().filter(|_| gated) {
-            Some(t) => {
-                arg(&mut a, self.ptr(t.buf, &t.layout));
-                arg(&mut a, dtype_code(t.layout.dtype));
-                arg(&mut a, t.layout.strides[0] as i64);
-                arg(&mut a, t.layout.strides[1] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i32);
-                arg(&mut a, 0i64);
-                arg(&mut a, 0i64);
-            }
-        }
-        self.push_opt_vec(&mut a, args.norm_weight.as_ref().filter(|_| gated));
+        self.push_opt_typed(&mut a, args.output_gate.as_ref().filter(|_| gated).map(TensorRef::parts), 2);
+        self.push_opt(&mut a, args.norm_weight.as_ref().filter(|_| gated).map(TensorRef::parts), 1);
         let out = &args.out.layout;
         arg(&mut a, self.ptr(&*args.out.buf, out));
         arg(&mut a, dtype_code(out.dtype));

@@ -1,5 +1,6 @@
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
-use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
+use kernel_api::{TensorMut};
+use crate::runtime::{KernelArgs, LaunchConfig, Runtime};
 use kernel_api::ops::{check_workspace, LseMerge, LseMergeArgs, LseMergeParams, LseMergePlan};
 use kernel_api::Result;
 
@@ -34,18 +35,7 @@ impl<R: Runtime> LseMerge for GpuBackend<R> {
         arg(&mut a, dtype_code(out.dtype));
         arg(&mut a, out.strides[0] as i64);
         arg(&mut a, out.strides[1] as i64);
-        match &args.lse {
-            Some(l) => {
-                arg(&mut a, self.ptr(&*l.buf, &l.layout));
-                arg(&mut a, l.layout.strides[0] as i64);
-                arg(&mut a, l.layout.strides[1] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i64);
-                arg(&mut a, 0i64);
-            }
-        }
+        self.push_opt(&mut a, args.lse.as_ref().map(TensorMut::parts), 2);
         arg(&mut a, to_i32("params.parts", p.parts)?);
         arg(&mut a, to_i32("params.heads", p.heads)?);
         arg(&mut a, to_i32("params.head_dim", p.head_dim)?);

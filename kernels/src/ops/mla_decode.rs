@@ -217,20 +217,7 @@ impl<R: Runtime> GpuBackend<R> {
         for &st in &out.strides[..rank - 1] {
             arg(a, st as i64);
         }
-        match lse {
-            Some((buf, l)) => {
-                arg(a, self.ptr(buf, l));
-                for &st in &l.strides {
-                    arg(a, st as i64);
-                }
-            }
-            None => {
-                arg(a, DevicePtr(0));
-                for _ in 0..rank - 1 {
-                    arg(a, 0i64);
-                }
-            }
-        }
+        self.push_opt(a, lse, rank - 1);
     }
 }
 

@@ -2,10 +2,10 @@
 //! tiles of 16 rows, heads, sequences); blocks read their offsets from the device `cu_seqlens`.
 
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
-use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
+use crate::runtime::{KernelArgs, LaunchConfig, Runtime};
 use kernel_api::error::Reasons;
 use kernel_api::ops::{check_workspace, MlaPrefill, MlaPrefillArgs, MlaPrefillParams, MlaPrefillPlan};
-use kernel_api::{Error, Result};
+use kernel_api::{Error, Result, TensorMut, TensorRef};
 
 /// `kPrefillRows` x `kPrefillKeys` threads; the kernel's register budget for v_dim.
 const ROWS: usize = 16;
@@ -53,33 +53,13 @@ impl<R: Runtime> MlaPrefill for GpuBackend<R> {
         }
         arg(&mut a, self.ptr(args.cu_seqlens.buf, &args.cu_seqlens.layout));
         arg(&mut a, dtype_code(args.cu_seqlens.layout.dtype));
-        match &args.cu_seqlens_k {
-            Some(ck) => {
-                arg(&mut a, self.ptr(ck.buf, &ck.layout));
-                arg(&mut a, dtype_code(ck.layout.dtype));
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i32);
-            }
-        }
+        self.push_opt_typed(&mut a, args.cu_seqlens_k.as_ref().map(TensorRef::parts), 0);
         let out = &args.out.layout;
         arg(&mut a, self.ptr(&*args.out.buf, out));
         arg(&mut a, dtype_code(out.dtype));
         arg(&mut a, out.strides[0] as i64);
         arg(&mut a, out.strides[1] as i64);
-        match &args.lse {
-            Some(l) => {
-                arg(&mut a, self.ptr(&*l.buf, &l.layout));
-                arg(&mut a, l.layout.strides[0] as i64);
-                arg(&mut a, l.layout.strides[1] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i64);
-                arg(&mut a, 0i64);
-            }
-        }
+        self.push_opt(&mut a, args.lse.as_ref().map(TensorMut::parts), 2);
         arg(&mut a, to_i32("params.qk_dim", p.qk_dim)?);
         arg(&mut a, to_i32("params.v_dim", p.v_dim)?);
         arg(&mut a, i32::from(p.causal));

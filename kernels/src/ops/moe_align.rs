@@ -2,9 +2,9 @@
 //! sort, the workspace holding the per-expert counters and cursors.
 
 use crate::gpu_backend::{arg, to_i32, GpuBackend};
-use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
+use crate::runtime::{KernelArgs, LaunchConfig, Runtime};
 use kernel_api::ops::{check_workspace, MoeAlign, MoeAlignArgs, MoeAlignParams, MoeAlignPlan};
-use kernel_api::{Error, Result};
+use kernel_api::{Error, Result, TensorRef};
 
 const THREADS: u32 = 256;
 
@@ -29,16 +29,7 @@ impl<R: Runtime> MoeAlign for GpuBackend<R> {
         arg(&mut a, self.ptr(args.topk_ids.buf, ids));
         arg(&mut a, ids.strides[0] as i64);
         arg(&mut a, ids.strides[1] as i64);
-        match &args.expert_map {
-            Some(m) => {
-                arg(&mut a, self.ptr(m.buf, &m.layout));
-                arg(&mut a, m.layout.strides[0] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i64);
-            }
-        }
+        self.push_opt(&mut a, args.expert_map.as_ref().map(TensorRef::parts), 1);
         arg(&mut a, self.ptr(&*args.sorted_token_ids.buf, st));
         arg(&mut a, st.strides[0] as i64);
         arg(&mut a, self.ptr(&*args.expert_ids.buf, eid));

@@ -10,12 +10,12 @@
 //! bf16. Both kernels take the same arguments and use the same tiles and epilogues.
 
 use crate::gpu_backend::{arg, blocks_for, dtype_code, to_i32, GpuBackend};
-use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
+use crate::runtime::{KernelArgs, LaunchConfig, Runtime};
 use kernel_api::ops::{
     check_workspace, MoeActivationQuant, MoeCombine, MoeCombineArgs, MoeCombineParams, MoeCombinePlan, MoeGemmArgs,
     MoeGemmParams, MoeGemmPlan, MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
 };
-use kernel_api::{Backend, DType, Error, Result};
+use kernel_api::{Backend, DType, Error, Result, TensorRef};
 
 const THREADS: u32 = 256;
 /// Warps of the MMA kernel (a 2x2 grid of 32x32 warp tiles).
@@ -85,38 +85,18 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         for &s in &w.strides[..3] {
             arg(&mut a, s as i64);
         }
-        match (p.weights, &args.weight_scale) {
-            (MoeWeightFormat::Mxfp4, Some(s)) => {
-                arg(&mut a, self.ptr(s.buf, &s.layout));
-                for &st in &s.layout.strides[..3] {
-                    arg(&mut a, st as i64);
-                }
-            }
+        let scale = match (p.weights, &args.weight_scale) {
+            (MoeWeightFormat::Mxfp4, Some(s)) => Some(s.parts()),
             (MoeWeightFormat::Mxfp4, None) => return Err(Error::invalid("weight_scale", "required for MXFP4 weights")),
-            (MoeWeightFormat::Dense, _) => {
-                arg(&mut a, DevicePtr(0));
-                for _ in 0..3 {
-                    arg(&mut a, 0i64);
-                }
-            }
-        }
+            (MoeWeightFormat::Dense, _) => None,
+        };
+        self.push_opt(&mut a, scale, 3);
         arg(&mut a, self.ptr(args.sorted_token_ids.buf, &args.sorted_token_ids.layout));
         arg(&mut a, args.sorted_token_ids.layout.strides[0] as i64);
         arg(&mut a, self.ptr(args.expert_ids.buf, &args.expert_ids.layout));
         arg(&mut a, args.expert_ids.layout.strides[0] as i64);
         arg(&mut a, self.ptr(args.num_tokens_post_padded.buf, &args.num_tokens_post_padded.layout));
-        match &args.topk_weights {
-            Some(t) => {
-                arg(&mut a, self.ptr(t.buf, &t.layout));
-                arg(&mut a, t.layout.strides[0] as i64);
-                arg(&mut a, t.layout.strides[1] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i64);
-                arg(&mut a, 0i64);
-            }
-        }
+        self.push_opt(&mut a, args.topk_weights.as_ref().map(TensorRef::parts), 2);
         arg(&mut a, out_ptr);
         arg(&mut a, dtype_code(out.dtype));
         arg(&mut a, out.strides[0] as i64);

@@ -1,9 +1,9 @@
 //! MoE router launcher: `moe_router_topk` (csrc/ops/moe_router.cu), one block per token.
 
 use crate::gpu_backend::{arg, blocks_for, dtype_code, to_i32, GpuBackend};
-use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
+use crate::runtime::{KernelArgs, LaunchConfig, Runtime};
 use kernel_api::ops::{check_workspace, MoeRouter, MoeRouterArgs, MoeRouterParams, MoeRouterPlan, RouterScore};
-use kernel_api::{Backend, Error, Result};
+use kernel_api::{Backend, Error, Result, TensorRef};
 
 const THREADS: u32 = 256;
 /// Static shared memory of the kernel (warp scratch), rounded up.
@@ -55,16 +55,7 @@ impl<R: Runtime> MoeRouter for GpuBackend<R> {
         arg(&mut a, dtype_code(w.dtype));
         arg(&mut a, w.strides[0] as i64);
         arg(&mut a, w.strides[1] as i64);
-        match &args.bias {
-            Some(b) => {
-                arg(&mut a, self.ptr(b.buf, &b.layout));
-                arg(&mut a, b.layout.strides[0] as i64);
-            }
-            None => {
-                arg(&mut a, DevicePtr(0));
-                arg(&mut a, 0i64);
-            }
-        }
+        self.push_opt(&mut a, args.bias.as_ref().map(TensorRef::parts), 1);
         arg(&mut a, self.ptr(&*args.topk_ids.buf, ids));
         arg(&mut a, ids.strides[0] as i64);
         arg(&mut a, ids.strides[1] as i64);
