@@ -6,7 +6,7 @@ use kernel_api::cpu::CpuBackend;
 use kernel_api::formats::{mxfp4_dequantize, mxfp4_quantize_rows};
 use kernel_api::ops::{
     MoeActivationQuant, MoeAlign, MoeAlignArgs, MoeAlignParams, MoeGemmArgs, MoeGemmParams, MoeGemmStage, MoeGroupedGemm,
-    MoeRouter, MoeRouterArgs, MoeRouterParams, MoeRouting, MoeWeightFormat, RouterScore,
+    MoeRouter, MoeRouterArgs, MoeRouterParams, MoeRouting, MoeWeightFormat,
 };
 use kernel_api::{Backend, BackendExt, DType, DeviceTensor, HostTensor, Result};
 use proptest::prelude::*;
@@ -24,17 +24,7 @@ fn zeros(b: &CpuBackend, dt: DType, shape: &[usize]) -> DeviceTensor<CpuBackend>
 }
 
 fn router_params(tokens: usize, hidden: usize, experts: usize, top_k: usize) -> MoeRouterParams {
-    MoeRouterParams {
-        tokens,
-        hidden,
-        experts,
-        top_k,
-        n_group: 1,
-        topk_group: 1,
-        renormalize: true,
-        routed_scaling_factor: 1.0,
-        score: RouterScore::Sigmoid,
-    }
+    MoeRouterParams::sigmoid(tokens, hidden, experts, top_k)
 }
 
 /// The router plan's validity written out independently of the library.

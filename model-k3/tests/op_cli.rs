@@ -380,17 +380,7 @@ fn moe_router_matches_direct_run() {
     let got = cli("moe_router", &[("x", &x), ("weight", &weight), ("bias", &bias)], params);
 
     let b = CpuBackend::new();
-    let p = MoeRouterParams {
-        tokens: 6,
-        hidden: 16,
-        experts: 8,
-        top_k: 3,
-        n_group: 2,
-        topk_group: 1,
-        renormalize: true,
-        routed_scaling_factor: 2.5,
-        score: RouterScore::Sigmoid,
-    };
+    let p = MoeRouterParams { n_group: 2, routed_scaling_factor: 2.5, ..MoeRouterParams::sigmoid(6, 16, 8, 3) };
     let plan = MoeRouter::plan(&b, &p).unwrap();
     let (xd, wd, bd) = (up(&b, &x), up(&b, &weight), up(&b, &bias));
     let mut ids = b.zeros(DType::I32, &[6, 3]).unwrap();

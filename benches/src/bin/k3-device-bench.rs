@@ -468,17 +468,7 @@ fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, u
     let w2 = bytes_of(b, &[e, l, n / 2], || rng.next_u64() as u8)?;
     let s2 = bytes_of(b, &[e, l, n / 32], || 121 + rng.below(2) as u8)?;
 
-    let rp = MoeRouterParams {
-        tokens: t,
-        hidden,
-        experts: e,
-        top_k: k,
-        n_group: 1,
-        topk_group: 1,
-        renormalize: true,
-        routed_scaling_factor: 1.0,
-        score: RouterScore::Sigmoid,
-    };
+    let rp = MoeRouterParams::sigmoid(t, hidden, e, k);
     let rplan = MoeRouter::plan(b, &rp)?;
     let mut ids = b.zeros(DType::I32, &[t, k])?;
     let mut weights = b.zeros(DType::F32, &[t, k])?;

@@ -5,7 +5,7 @@ use super::{download_f32, round_through, upload_f32, TestRng};
 use crate::backend::{Backend, BackendExt, DeviceTensor};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::{MoeRouter, MoeRouterArgs, MoeRouterParams, RouterScore};
+use crate::ops::{MoeRouter, MoeRouterArgs, MoeRouterParams};
 use crate::tolerance::{assert_close, Tolerance};
 
 
@@ -20,17 +20,7 @@ struct RouterCase {
 }
 
 fn params(tokens: usize, hidden: usize, experts: usize, top_k: usize) -> MoeRouterParams {
-    MoeRouterParams {
-        tokens,
-        hidden,
-        experts,
-        top_k,
-        n_group: 1,
-        topk_group: 1,
-        renormalize: true,
-        routed_scaling_factor: 1.0,
-        score: RouterScore::Sigmoid,
-    }
+    MoeRouterParams::sigmoid(tokens, hidden, experts, top_k)
 }
 
 fn random_case(rng: &mut TestRng, p: MoeRouterParams, in_dtype: DType, bias_scale: Option<f32>) -> RouterCase {

@@ -56,20 +56,26 @@ pub struct MoeRouterParams {
 }
 
 impl MoeRouterParams {
-    /// The K3 router (E = 896, top-16, no groups, renormalised, scaling 1.0) for `tokens` tokens
-    /// of width `hidden` (7168).
-    pub fn k3(tokens: usize, hidden: usize) -> Self {
+    /// A sigmoid router picking `top_k` of `experts` without groups, renormalised, scaling 1.0
+    /// (change fields with struct update syntax for the other variants).
+    pub fn sigmoid(tokens: usize, hidden: usize, experts: usize, top_k: usize) -> Self {
         MoeRouterParams {
             tokens,
             hidden,
-            experts: 896,
-            top_k: 16,
+            experts,
+            top_k,
             n_group: 1,
             topk_group: 1,
             renormalize: true,
             routed_scaling_factor: 1.0,
             score: RouterScore::Sigmoid,
         }
+    }
+
+    /// The K3 router (E = 896, top-16, no groups, renormalised, scaling 1.0) for `tokens` tokens
+    /// of width `hidden` (7168).
+    pub fn k3(tokens: usize, hidden: usize) -> Self {
+        Self::sigmoid(tokens, hidden, 896, 16)
     }
 }
 
