@@ -23,6 +23,21 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every dtype, in declaration order.
+    pub const ALL: [DType; 11] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F8E4M3Fn,
+        DType::F8E4M3Fnuz,
+        DType::F8E5M2,
+        DType::E8M0,
+        DType::F4E2M1x2,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+    ];
+
     /// Bytes per stored element (for `F4E2M1x2` one element is one byte holding two values).
     pub const fn size_bytes(self) -> usize {
         match self {

@@ -9,19 +9,6 @@ use kernel_api::{Backend, BackendExt, DType, HostTensor, Layout, TensorMut, Tens
 use proptest::prelude::*;
 use proptest::sample::select;
 
-const ALL_DTYPES: &[DType] = &[
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::F8E4M3Fn,
-    DType::F8E4M3Fnuz,
-    DType::F8E5M2,
-    DType::E8M0,
-    DType::F4E2M1x2,
-    DType::U8,
-    DType::I32,
-    DType::I64,
-];
 const FLOATS: &[DType] = &[DType::F32, DType::BF16];
 const IDS: &[DType] = &[DType::I32, DType::I64];
 
@@ -58,7 +45,7 @@ fn spec(shape: Vec<usize>, dtypes: &'static [DType]) -> impl Strategy<Value = Sp
             Spec { buf_len: span.saturating_sub(short).min(1 << 16), layout, seed }
         });
     let arbitrary = (
-        select(ALL_DTYPES),
+        select(&DType::ALL[..]),
         prop::collection::vec(0usize..6, 0..4),
         prop::collection::vec(0usize..12, 0..4),
         0usize..8,
@@ -79,7 +66,7 @@ fn eps() -> impl Strategy<Value = f32> {
 }
 
 fn dtype() -> impl Strategy<Value = DType> {
-    prop_oneof![4 => select(FLOATS), 1 => select(ALL_DTYPES)]
+    prop_oneof![4 => select(FLOATS), 1 => select(&DType::ALL[..])]
 }
 
 fn tref<'a>(b: &'a HostBuffer, s: &Spec) -> TensorRef<'a, CpuBackend> {

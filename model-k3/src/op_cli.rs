@@ -38,43 +38,21 @@ pub mod tensors;
 pub use call::Outputs;
 pub use tensors::{read_safetensors, write_safetensors, StoredTensor};
 
-use kernel_api::conformance::AllOps;
+use kernel_api::conformance::{AllOps, ALL_OPS, COMPOSITIONS};
 use kernel_api::HostTensor;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Every op `k3 op` runs (the conformance registry's names).
-pub const OP_NAMES: &[&str] = &[
-    "gemm",
-    "rms_norm",
-    "gated_rms_norm",
-    "l2_norm",
-    "attn_res_mix",
-    "situ_glu",
-    "sigmoid_gate",
-    "embedding_gather",
-    "copy_cast",
-    "add_assign",
-    "lse_merge",
-    "mla_prefill",
-    "mla_cache_write",
-    "mla_decode",
-    "mla_prefill_absorbed",
-    "kda_gate",
-    "kda_prefill",
-    "kda_decode",
-    "causal_conv1d",
-    "moe_router",
-    "moe_align",
-    "moe_grouped_gemm",
-    "moe_combine",
-];
+/// Every op `k3 op` runs: the conformance registry's ops, compositions left out.
+pub fn op_names() -> Vec<&'static str> {
+    ALL_OPS.iter().copied().filter(|o| !COMPOSITIONS.contains(o)).collect()
+}
 
 /// Why `k3 op` failed. Each variant names what was wrong.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpError {
-    #[error("unknown op `{op}` (known ops: {})", OP_NAMES.join(", "))]
+    #[error("unknown op `{op}` (known ops: {})", op_names().join(", "))]
     UnknownOp { op: String },
     /// A file cannot be read or written, or is not valid safetensors / JSON.
     #[error("{}: {why}", path.display())]
@@ -121,7 +99,7 @@ impl OpError {
 
 /// The registry spelling of `op`, or [`OpError::UnknownOp`].
 pub fn op_name(op: &str) -> Result<&'static str, OpError> {
-    OP_NAMES.iter().copied().find(|n| *n == op).ok_or_else(|| OpError::UnknownOp { op: op.to_string() })
+    op_names().into_iter().find(|n| *n == op).ok_or_else(|| OpError::UnknownOp { op: op.to_string() })
 }
 
 /// Runs `op` on `backend` with host `inputs` and a parsed params JSON; returns the outputs

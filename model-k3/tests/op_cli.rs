@@ -8,7 +8,7 @@ use kernel_api::conformance::TestRng;
 use kernel_api::cpu::CpuBackend;
 use kernel_api::ops::*;
 use kernel_api::{Backend, BackendExt, DType, DeviceTensor, HostTensor};
-use model_k3::op_cli::{run_op, run_op_files, OpError, OP_NAMES};
+use model_k3::op_cli::{run_op, run_op_files, op_names, OpError};
 use safetensors::{Dtype as St, SafeTensors};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -758,7 +758,7 @@ fn bad_files_are_named() {
 #[test]
 fn every_op_rejects_incomplete_requests() {
     let b = CpuBackend::new();
-    for op in OP_NAMES {
+    for op in op_names() {
         let mut inputs = BTreeMap::new();
         let mut asked = Vec::new();
         loop {

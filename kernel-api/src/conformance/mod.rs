@@ -64,6 +64,9 @@ pub fn all_tests<B: AllOps>() -> Vec<(&'static str, &'static str, fn(&B))> {
     crate::__k3_for_each_test!(list)
 }
 
+/// Entries of [`ALL_OPS`] that are compositions of ops (`kernel_api::compose`), not op traits.
+pub const COMPOSITIONS: &[&str] = &["latent_moe_block"];
+
 /// The ops the contract promises (the coverage report lists each).
 pub const ALL_OPS: &[&str] = &[
     "lse_merge",

@@ -50,23 +50,9 @@ fn stored_dtype(d: DType) -> StDtype {
     }
 }
 
-/// Kernel dtype names accepted by `dtypes` and `out_dtypes` (`DType::name` spellings).
-pub const DTYPE_NAMES: [DType; 11] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::F8E4M3Fn,
-    DType::F8E4M3Fnuz,
-    DType::F8E5M2,
-    DType::E8M0,
-    DType::F4E2M1x2,
-    DType::U8,
-    DType::I32,
-    DType::I64,
-];
-
+/// A dtype from its `DType::name` spelling (the names `dtypes` and `out_dtypes` accept).
 pub fn parse_dtype(s: &str) -> Option<DType> {
-    DTYPE_NAMES.into_iter().find(|d| d.name() == s)
+    DType::ALL.into_iter().find(|d| d.name() == s)
 }
 
 /// Reads every tensor of a safetensors file.
