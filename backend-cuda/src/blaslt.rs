@@ -120,16 +120,10 @@ impl Drop for BlasLt {
     }
 }
 
-/// One GEMM as cuBLASLt sees it (shape, dtypes, row strides in elements).
+/// One GEMM as cuBLASLt sees it: the contract's params and the operands' row strides.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BlasLtGemm {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub x_dtype: DType,
-    pub w_dtype: DType,
-    pub out_dtype: DType,
-    pub bias_dtype: Option<DType>,
+    pub params: GemmParams,
     /// Elements between rows of `x` (≥ K).
     pub x_row_stride: usize,
     /// Elements between rows of `W` (≥ K).
@@ -139,33 +133,24 @@ pub struct BlasLtGemm {
 impl BlasLtGemm {
     /// From the contract's params with dense rows.
     pub fn from_params(p: &GemmParams) -> Self {
-        BlasLtGemm {
-            m: p.m,
-            n: p.n,
-            k: p.k,
-            x_dtype: p.x_dtype,
-            w_dtype: p.w_dtype,
-            out_dtype: p.out_dtype,
-            bias_dtype: p.bias_dtype,
-            x_row_stride: p.k,
-            w_row_stride: p.k,
-        }
+        BlasLtGemm { params: p.clone(), x_row_stride: p.k, w_row_stride: p.k }
     }
 
     /// Whether cuBLASLt takes this combination (the reasons if not).
     pub fn supports(&self) -> Result<()> {
         let mut r = Reasons::new();
-        let dts = (self.x_dtype, self.w_dtype, self.out_dtype);
+        let p = &self.params;
+        let dts = (p.x_dtype, p.w_dtype, p.out_dtype);
         r.require(
             matches!(dts, (DType::BF16, DType::BF16, DType::BF16 | DType::F32) | (DType::F32, DType::F32, DType::F32)),
             "dtypes",
             format!("cuBLASLt path takes bf16 x bf16 -> bf16/f32 or f32 x f32 -> f32, not {dts:?}"),
         );
-        if let Some(b) = self.bias_dtype {
-            r.require(b == self.out_dtype, "params.bias_dtype", format!("{b} bias with {} output: cuBLASLt's bias epilogue takes the output dtype", self.out_dtype));
+        if let Some(b) = p.bias_dtype {
+            r.require(b == p.out_dtype, "params.bias_dtype", format!("{b} bias with {} output: cuBLASLt's bias epilogue takes the output dtype", p.out_dtype));
         }
-        r.require(self.x_row_stride >= self.k, "x_row_stride", "below K");
-        r.require(self.w_row_stride >= self.k, "w_row_stride", "below K");
+        r.require(self.x_row_stride >= p.k, "x_row_stride", "below K");
+        r.require(self.w_row_stride >= p.k, "w_row_stride", "below K");
         r.into_result()
     }
 }
@@ -331,26 +316,27 @@ impl CudaRuntime {
     /// the heuristic query on a new shape is host-side only). See the module docs for layouts.
     pub fn gemm_blaslt(&self, g: &BlasLtGemm, args: BlasLtArgs<'_>, stream: &CudaStream) -> Result<()> {
         g.supports()?;
-        if g.bias_dtype.is_some() != args.bias.is_some() {
+        let p = &g.params;
+        if p.bias_dtype.is_some() != args.bias.is_some() {
             return Err(Error::invalid("bias", "must be given exactly when the GEMM has a bias dtype"));
         }
-        if g.m == 0 {
+        if p.m == 0 {
             return Ok(());
         }
-        let (xe, we, oe) = (g.x_dtype.size_bytes(), g.w_dtype.size_bytes(), g.out_dtype.size_bytes());
+        let (xe, we, oe) = (p.x_dtype.size_bytes(), p.w_dtype.size_bytes(), p.out_dtype.size_bytes());
         let overflow = |f: &str| Error::invalid(f.to_string(), "size overflows");
         let check = |field: &str, op: &Operand<'_>, bytes: Option<usize>| -> Result<u64> {
             let bytes = bytes.ok_or_else(|| overflow(field))?;
             k3_kernels::check_range(field, op.offset_bytes, bytes, op.buf.len())?;
             Ok(op.buf.device_ptr().0 + op.offset_bytes as u64)
         };
-        let x = check("x", &args.x, span(g.m, g.k, g.x_row_stride, xe))?;
-        let w = check("w", &args.w, span(g.n, g.k, g.w_row_stride, we))?;
-        let bias = match (&args.bias, g.bias_dtype) {
-            (Some(b), Some(dt)) => Some(check("bias", b, g.n.checked_mul(dt.size_bytes()))?),
+        let x = check("x", &args.x, span(p.m, p.k, g.x_row_stride, xe))?;
+        let w = check("w", &args.w, span(p.n, p.k, g.w_row_stride, we))?;
+        let bias = match (&args.bias, p.bias_dtype) {
+            (Some(b), Some(dt)) => Some(check("bias", b, p.n.checked_mul(dt.size_bytes()))?),
             _ => None,
         };
-        let out_bytes = g.m.checked_mul(g.n).and_then(|e| e.checked_mul(oe)).ok_or_else(|| overflow("out"))?;
+        let out_bytes = p.m.checked_mul(p.n).and_then(|e| e.checked_mul(oe)).ok_or_else(|| overflow("out"))?;
         k3_kernels::check_range("out", args.out_offset_bytes, out_bytes, args.out.len())?;
         let out = args.out.device_ptr().0 + args.out_offset_bytes as u64;
         let (ws_ptr, ws_len) = args.workspace.as_ref().map(|b| (b.device_ptr().0, b.len())).unwrap_or((0, 0));
@@ -366,7 +352,7 @@ impl CudaRuntime {
         d.op = Some(op);
         set_desc(op, DA::CUBLASLT_MATMUL_DESC_TRANSA, &OP_T)?;
         set_desc(op, DA::CUBLASLT_MATMUL_DESC_TRANSB, &OP_N)?;
-        if let (Some(bp), Some(bdt)) = (bias, g.bias_dtype) {
+        if let (Some(bp), Some(bdt)) = (bias, p.bias_dtype) {
             set_desc(op, DA::CUBLASLT_MATMUL_DESC_EPILOGUE, &(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32))?;
             set_desc(op, DA::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &(bp as *const c_void))?;
             set_desc(op, DA::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &(cuda_type(bdt) as i32))?;
@@ -378,9 +364,9 @@ impl CudaRuntime {
             d.layouts.push(l);
             Ok(l)
         };
-        let a_l = layout(g.w_dtype, g.k, g.n, g.w_row_stride)?;
-        let b_l = layout(g.x_dtype, g.k, g.m, g.x_row_stride)?;
-        let d_l = layout(g.out_dtype, g.n, g.m, g.n)?;
+        let a_l = layout(p.w_dtype, p.k, p.n, g.w_row_stride)?;
+        let b_l = layout(p.x_dtype, p.k, p.m, g.x_row_stride)?;
+        let d_l = layout(p.out_dtype, p.n, p.m, p.n)?;
 
         let key = AlgoKey { gemm: g.clone(), align: [alignment(w), alignment(x), alignment(out), alignment(bias.unwrap_or(0))], workspace: ws_len };
         let cached = lt_.algos.lock().ok().and_then(|m| m.get(&key).copied());
@@ -438,17 +424,7 @@ mod tests {
 
     #[test]
     fn supported_combinations_and_spans() {
-        let g = |x, w, o, b| BlasLtGemm {
-            m: 2,
-            n: 3,
-            k: 4,
-            x_dtype: x,
-            w_dtype: w,
-            out_dtype: o,
-            bias_dtype: b,
-            x_row_stride: 4,
-            w_row_stride: 4,
-        };
+        let g = |x, w, o, b| BlasLtGemm::from_params(&GemmParams { bias_dtype: b, ..GemmParams::new(2, 3, 4, x, w, o) });
         assert!(g(DType::BF16, DType::BF16, DType::BF16, None).supports().is_ok());
         assert!(g(DType::BF16, DType::BF16, DType::F32, Some(DType::F32)).supports().is_ok());
         assert!(g(DType::F32, DType::F32, DType::F32, None).supports().is_ok());

@@ -9,6 +9,7 @@ use k3_backend_cuda::nvrtc::CubinCache;
 use k3_backend_cuda::{CudaBuffer, CudaRuntime, KernelOrigin, KernelSet, KernelSource};
 use k3_kernels::{ImageFormat, KernelArgs, LaunchConfig, ModuleImage, Runtime};
 use kernel_api::tolerance::{assert_close, Tolerance};
+use kernel_api::ops::GemmParams;
 use kernel_api::{DType, Error};
 
 fn device() -> Option<CudaRuntime> {
@@ -248,7 +249,7 @@ fn blaslt_gemm_matches_the_reference() {
         let (xb, wb) = (to_dev(&x, in_dt), to_dev(&w, in_dt));
         let bb = bias_dt.map(|dt| to_dev(&bias, dt));
         let mut out = rt.alloc(m * n * out_dt.size_bytes()).expect("alloc");
-        let g = BlasLtGemm { m, n, k, x_dtype: in_dt, w_dtype: in_dt, out_dtype: out_dt, bias_dtype: bias_dt, x_row_stride: k, w_row_stride: k };
+        let g = BlasLtGemm::from_params(&GemmParams { bias_dtype: bias_dt, ..GemmParams::new(m, n, k, in_dt, in_dt, out_dt) });
         let args = BlasLtArgs {
             x: Operand { buf: &xb, offset_bytes: 0 },
             w: Operand { buf: &wb, offset_bytes: 0 },
@@ -272,7 +273,7 @@ fn blaslt_gemm_matches_the_reference() {
     // Shape checks happen before cuBLASLt is called.
     let small = rt.alloc(16).expect("alloc");
     let mut out = rt.alloc(16).expect("alloc");
-    let g = BlasLtGemm { m: 4, n: 4, k: 4, x_dtype: DType::F32, w_dtype: DType::F32, out_dtype: DType::F32, bias_dtype: None, x_row_stride: 4, w_row_stride: 4 };
+    let g = BlasLtGemm::from_params(&GemmParams::new(4, 4, 4, DType::F32, DType::F32, DType::F32));
     let args = BlasLtArgs { x: Operand { buf: &small, offset_bytes: 0 }, w: Operand { buf: &small, offset_bytes: 0 }, bias: None, out: &mut out, out_offset_bytes: 0, workspace: None };
     assert!(matches!(rt.gemm_blaslt(&g, args, rt.default_stream()), Err(Error::InvalidInput { .. })));
 }
@@ -283,7 +284,7 @@ fn blaslt_gemm_matches_the_reference() {
 #[test]
 fn gemm_conformance_on_both_routes() {
     use k3_backend_cuda::{cuda_backend, CudaBackend, GemmRoute};
-    use kernel_api::ops::{Gemm, GemmParams};
+    use kernel_api::ops::Gemm;
     let Some(_) = device() else { return };
     let b = cuda_backend(0).expect("backend");
     let rt = b.runtime();

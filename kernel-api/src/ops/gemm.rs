@@ -58,7 +58,7 @@ use crate::tensor::{Dim, Layout, TensorMut, TensorRef};
 pub const GEMM_DTYPES: &[DType] = &[DType::F32, DType::BF16];
 
 /// Shape and dtypes of one GEMM.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GemmParams {
     /// Rows of `x` and `out` (tokens); 0 is an empty batch.
     pub m: usize,
