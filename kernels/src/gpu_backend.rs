@@ -2,6 +2,7 @@
 //! "what to launch, with which grid and arguments" is written once; CUDA, ROCm and the SIMT
 //! emulator only supply the runtime (memory, modules, launches).
 
+use crate::device_checks::{CheckRecords, DeviceChecks};
 use crate::runtime::{DevicePtr, KernelArg, KernelArgs, LaunchConfig, ModuleImage, Runtime};
 use kernel_api::{Backend, DType, DeviceInfo, Error, Layout, Result};
 use std::collections::HashMap;
@@ -13,6 +14,8 @@ pub struct GpuBackend<R: Runtime> {
     module: R::Module,
     name: String,
     kernels: Mutex<HashMap<String, R::Kernel>>,
+    /// The per-stream device error records (`None`: checks off).
+    checks: Option<CheckRecords<R::Buffer>>,
 }
 
 impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
@@ -23,16 +26,49 @@ impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
 
 impl<R: Runtime> GpuBackend<R> {
     /// Loads the op kernels from `image` (a fatbin, code object or the emulator's host-linked
-    /// module) and names the backend (`cuda`, `rocm`, `simt32`, ...).
+    /// module) and names the backend (`cuda`, `rocm`, `simt32`, ...). Device checks follow
+    /// `K3_DEVICE_CHECKS` (on unless it says `off`).
     pub fn new(rt: R, image: &ModuleImage<'_>, name: impl Into<String>) -> Result<Self> {
         let module = rt.load_module(image)?;
-        Ok(Self::from_module(rt, module, name))
+        Self::from_module(rt, module, name)
     }
 
     /// Wraps a module the runtime has already loaded (e.g. one CUDA module per kernel file,
-    /// JIT-compiled or from an embedded fatbin).
-    pub fn from_module(rt: R, module: R::Module, name: impl Into<String>) -> Self {
-        GpuBackend { rt, module, name: name.into(), kernels: Mutex::new(HashMap::new()) }
+    /// JIT-compiled or from an embedded fatbin). Device checks follow `K3_DEVICE_CHECKS`; with
+    /// checks on this allocates the backend's error records (4 KiB).
+    pub fn from_module(rt: R, module: R::Module, name: impl Into<String>) -> Result<Self> {
+        let b = GpuBackend { rt, module, name: name.into(), kernels: Mutex::new(HashMap::new()), checks: None };
+        b.with_device_checks(DeviceChecks::from_env()?)
+    }
+
+    /// The same backend with device checks switched on or off (see [`crate::device_checks`]).
+    pub fn with_device_checks(mut self, mode: DeviceChecks) -> Result<Self> {
+        self.checks = match (mode, self.checks.take()) {
+            (DeviceChecks::Off, _) => None,
+            (DeviceChecks::On, Some(c)) => Some(c),
+            (DeviceChecks::On, None) => Some(CheckRecords::new(&self.rt)?),
+        };
+        Ok(self)
+    }
+
+    pub fn device_checks(&self) -> DeviceChecks {
+        if self.checks.is_some() {
+            DeviceChecks::On
+        } else {
+            DeviceChecks::Off
+        }
+    }
+
+    /// Pushes the device error record of `stream` (a null pointer with checks off): the last
+    /// argument of every kernel that reads index data from device memory (`k3::ErrorRecord*`,
+    /// `csrc/k3/checks.h`).
+    pub fn push_checks(&self, args: &mut KernelArgs, stream: &R::Stream) -> Result<()> {
+        let ptr = match &self.checks {
+            Some(c) => c.record_for(self.rt.stream_key(stream))?,
+            None => DevicePtr(0),
+        };
+        args.push(ptr);
+        Ok(())
     }
 
     pub fn runtime(&self) -> &R {
@@ -154,6 +190,9 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             return Err(Error::invalid("out", format!("{} bytes for a {}-byte buffer", out.len(), self.rt.buffer_len(buf))));
         }
         self.rt.synchronize()?;
+        if let Some(c) = &self.checks {
+            c.take_all(&self.rt, self.rt.default_stream())?;
+        }
         self.rt.copy_d2h(buf, 0, out, self.rt.default_stream())?;
         self.rt.synchronize_stream(self.rt.default_stream())
     }
@@ -161,6 +200,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.rt.buffer_len(buf)
     }
     fn synchronize(&self, stream: &R::Stream) -> Result<()> {
-        self.rt.synchronize_stream(stream)
+        self.rt.synchronize_stream(stream)?;
+        match &self.checks {
+            Some(c) => c.take(&self.rt, self.rt.stream_key(stream), stream),
+            None => Ok(()),
+        }
     }
 }

@@ -8,13 +8,18 @@
 //!   modules, launches by kernel name with cuLaunchKernel-style parameters, streams, events,
 //!   and an optional vendor-BLAS hook for the dense GEMM: cuBLASLt on CUDA). Op launchers are
 //!   written once against it and shared by CUDA, ROCm and SIMT.
+//! - [`device_checks`]: checked launches. Kernels bound-check the index data they read from
+//!   device memory and record the first violation per stream; the backend reports it as a typed
+//!   error at the next synchronising call (`K3_DEVICE_CHECKS=off` opts out).
 //!
 //! This crate depends on no toolkit: backends compile or load the sources themselves.
 
+pub mod device_checks;
 pub mod gpu_backend;
 mod ops;
 pub mod runtime;
 
+pub use device_checks::{DeviceChecks, DeviceViolation};
 pub use gpu_backend::{dtype_code, GpuBackend};
 pub use runtime::{
     check_range, DevicePtr, Dim3, ImageFormat, KernelArg, KernelArgs, LaunchConfig, MatrixOperand, ModuleImage, Runtime,

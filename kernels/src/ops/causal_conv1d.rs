@@ -85,6 +85,8 @@ impl<R: Runtime> CausalConv1d for GpuBackend<R> {
         arg(&mut a, plan.total_tokens as i64);
         arg(&mut a, CHUNK_LEN as i32);
         arg(&mut a, to_i32("chunks", chunks)?);
+        arg(&mut a, to_i32("cu_seqlens", plan.num_seqs)?);
+        self.push_checks(&mut a, stream)?;
         let grid = Dim3::new(blocks_x as u32, p.dim.div_ceil(THREADS as usize) as u32, 1);
         self.launch("causal_conv1d_varlen_fwd", LaunchConfig::new(grid, THREADS, 0), &mut a, stream)
     }
