@@ -144,8 +144,8 @@ impl<R: Runtime> KdaPrefill for GpuBackend<R> {
         KdaPrefill::supports(self, &plan.params)?;
         let p = &plan.params;
         let n = plan.num_seqs;
-        let touches_pool = args.state.is_some() && p.uses_state_pool();
-        if n == 0 || (plan.tokens == 0 && !touches_pool) {
+        // A batch of empty sequences still runs the schedule: it checks the device metadata.
+        if n == 0 {
             return Ok(());
         }
         let ws = ws.ok_or_else(|| Error::invalid("workspace", "a batch with sequences needs the plan's workspace"))?;

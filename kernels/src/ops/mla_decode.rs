@@ -246,8 +246,9 @@ impl<R: Runtime> MlaPrefillAbsorbed for GpuBackend<R> {
         MlaPrefillAbsorbed::supports(self, &plan.params)?;
         let p = &plan.params;
         let max_q = plan.cu_seqlens_q.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
-        let row_tiles = (max_q * p.heads.min(HEAD_GROUP)).div_ceil(ROWS);
-        if plan.batch == 0 || row_tiles == 0 {
+        // At least one row tile: a batch without queries still has its device metadata checked.
+        let row_tiles = (max_q * p.heads.min(HEAD_GROUP)).div_ceil(ROWS).max(1);
+        if plan.batch == 0 {
             return Ok(());
         }
         let (score_scale, out_scale) = scales(&p.cache, p.softmax_scale);
