@@ -21,9 +21,9 @@
 //! After a reported violation the outputs and states the op writes are unspecified (the
 //! offending work was skipped); memory outside the op's tensors is never touched.
 //!
-//! [`DeviceChecks::Off`] (`K3_DEVICE_CHECKS=off`) passes a null record: kernels then compare
-//! nothing and trust the data, for engines that validate it upstream. Out-of-range data is then
-//! undefined behaviour, as in any unchecked kernel.
+//! [`DeviceChecks::Off`] (`K3_DEVICE_CHECKS=off`, or `GpuBackend::set_device_checks`) passes a
+//! null record: kernels then compare nothing and trust the data, for engines that validate it
+//! upstream. Out-of-range data is then undefined behaviour, as in any unchecked kernel.
 
 use crate::runtime::{DevicePtr, Runtime};
 use kernel_api::{Error, Result};

@@ -6,6 +6,7 @@ use crate::device_checks::{CheckRecords, DeviceChecks};
 use crate::runtime::{DevicePtr, KernelArg, KernelArgs, LaunchConfig, ModuleImage, Runtime};
 use kernel_api::{Backend, DType, DeviceInfo, Error, Layout, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// The contract's backend over a kernel runtime.
@@ -14,8 +15,10 @@ pub struct GpuBackend<R: Runtime> {
     module: R::Module,
     name: String,
     kernels: Mutex<HashMap<String, R::Kernel>>,
-    /// The per-stream device error records (`None`: checks off).
-    checks: Option<CheckRecords<R::Buffer>>,
+    /// The per-stream device error records.
+    checks: CheckRecords<R::Buffer>,
+    /// Whether launches pass their stream's record ([`DeviceChecks::On`]) or a null pointer.
+    checks_on: AtomicBool,
 }
 
 impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
@@ -34,25 +37,24 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// Wraps a module the runtime has already loaded (e.g. one CUDA module per kernel file,
-    /// JIT-compiled or from an embedded fatbin). Device checks follow `K3_DEVICE_CHECKS`; with
-    /// checks on this allocates the backend's error records (4 KiB).
+    /// JIT-compiled or from an embedded fatbin). Allocates the backend's device error records
+    /// (4 KiB); device checks start as `K3_DEVICE_CHECKS` says (on unless it says `off`).
     pub fn from_module(rt: R, module: R::Module, name: impl Into<String>) -> Result<Self> {
-        let b = GpuBackend { rt, module, name: name.into(), kernels: Mutex::new(HashMap::new()), checks: None };
-        b.with_device_checks(DeviceChecks::from_env()?)
+        let mode = DeviceChecks::from_env()?;
+        let checks = CheckRecords::new(&rt)?;
+        let b = GpuBackend { rt, module, name: name.into(), kernels: Mutex::new(HashMap::new()), checks, checks_on: AtomicBool::new(true) };
+        b.set_device_checks(mode);
+        Ok(b)
     }
 
-    /// The same backend with device checks switched on or off (see [`crate::device_checks`]).
-    pub fn with_device_checks(mut self, mode: DeviceChecks) -> Result<Self> {
-        self.checks = match (mode, self.checks.take()) {
-            (DeviceChecks::Off, _) => None,
-            (DeviceChecks::On, Some(c)) => Some(c),
-            (DeviceChecks::On, None) => Some(CheckRecords::new(&self.rt)?),
-        };
-        Ok(self)
+    /// Switches the kernels' index checks on or off for later launches (see
+    /// [`crate::device_checks`]); violations already recorded are still reported.
+    pub fn set_device_checks(&self, mode: DeviceChecks) {
+        self.checks_on.store(mode == DeviceChecks::On, Ordering::Relaxed);
     }
 
     pub fn device_checks(&self) -> DeviceChecks {
-        if self.checks.is_some() {
+        if self.checks_on.load(Ordering::Relaxed) {
             DeviceChecks::On
         } else {
             DeviceChecks::Off
@@ -63,9 +65,9 @@ impl<R: Runtime> GpuBackend<R> {
     /// argument of every kernel that reads index data from device memory (`k3::ErrorRecord*`,
     /// `csrc/k3/checks.h`).
     pub fn push_checks(&self, args: &mut KernelArgs, stream: &R::Stream) -> Result<()> {
-        let ptr = match &self.checks {
-            Some(c) => c.record_for(self.rt.stream_key(stream))?,
-            None => DevicePtr(0),
+        let ptr = match self.device_checks() {
+            DeviceChecks::On => self.checks.record_for(self.rt.stream_key(stream))?,
+            DeviceChecks::Off => DevicePtr(0),
         };
         args.push(ptr);
         Ok(())
@@ -190,9 +192,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             return Err(Error::invalid("out", format!("{} bytes for a {}-byte buffer", out.len(), self.rt.buffer_len(buf))));
         }
         self.rt.synchronize()?;
-        if let Some(c) = &self.checks {
-            c.take_all(&self.rt, self.rt.default_stream())?;
-        }
+        self.checks.take_all(&self.rt, self.rt.default_stream())?;
         self.rt.copy_d2h(buf, 0, out, self.rt.default_stream())?;
         self.rt.synchronize_stream(self.rt.default_stream())
     }
@@ -201,9 +201,6 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
     fn synchronize(&self, stream: &R::Stream) -> Result<()> {
         self.rt.synchronize_stream(stream)?;
-        match &self.checks {
-            Some(c) => c.take(&self.rt, self.rt.stream_key(stream), stream),
-            None => Ok(()),
-        }
+        self.checks.take(&self.rt, self.rt.stream_key(stream), stream)
     }
 }

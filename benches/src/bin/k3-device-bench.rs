@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE]
-//!                 [--warmup N] [--iters N] [--copy-gbs GB/S]
+//!                 [--warmup N] [--iters N] [--copy-gbs GB/S] [--device-checks on|off|both]
 //! ```
 //!
 //! Ops (each through its trait's `plan` / `workspace_size` / `run`, as the conformance tests do):
@@ -32,10 +32,15 @@
 //! `pct_copy` is its `gbs` over the copy's traffic rate (2 × bytes copied per second, since a copy
 //! reads and writes every byte).
 //!
+//! Device checks (`--device-checks`, default `on`; `k3_kernels::device_checks`): the ops whose
+//! kernels bound-check device metadata (KDA prefill and decode, MLA decode, the MoE align and
+//! grouped GEMMs) run with the checks on, off, or `both` (each case twice, a row pair whose
+//! `device_checks` field says which); the other rows run with the checks on.
+//!
 //! Output: `{"schema": "k3-device-bench/1", ..., "rows": [{op, shape, dtype, us, tflops, gbs,
-//! bytes, flops, pct_copy}]}` to the JSON file, and a table on stdout.
+//! bytes, flops, pct_copy, device_checks}]}` to the JSON file, and a table on stdout.
 
-use k3_kernels::{GpuBackend, Runtime};
+use k3_kernels::{DeviceChecks, GpuBackend, Runtime};
 use kernel_api::conformance::TestRng;
 use kernel_api::ops::kv_cache::encode_token;
 use kernel_api::ops::mla_decode::K3_SOFTMAX_SCALE;
@@ -52,14 +57,16 @@ struct Opts {
     warmup: usize,
     iters: usize,
     copy_gbs: Option<f64>,
+    /// Check modes the checked cases run under, in order.
+    device_checks: Vec<DeviceChecks>,
 }
 
 fn usage() -> String {
-    "usage: k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S]".into()
+    "usage: k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S] [--device-checks on|off|both]".into()
 }
 
 fn parse_args() -> std::result::Result<Opts, String> {
-    let mut o = Opts { backend: String::new(), smoke: false, json: None, warmup: 0, iters: 0, copy_gbs: None };
+    let mut o = Opts { backend: String::new(), smoke: false, json: None, warmup: 0, iters: 0, copy_gbs: None, device_checks: vec![DeviceChecks::On] };
     let (mut warmup, mut iters) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -76,6 +83,14 @@ fn parse_args() -> std::result::Result<Opts, String> {
                     return Err("--copy-gbs must be positive".into());
                 }
                 o.copy_gbs = Some(v)
+            }
+            "--device-checks" => {
+                o.device_checks = match val("--device-checks")?.as_str() {
+                    "on" => vec![DeviceChecks::On],
+                    "off" => vec![DeviceChecks::Off],
+                    "both" => vec![DeviceChecks::On, DeviceChecks::Off],
+                    other => return Err(format!("--device-checks: {other} (expected on, off or both)")),
+                }
             }
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown argument {other}\n{}", usage())),
@@ -139,6 +154,8 @@ struct Row {
     us: f64,
     bytes: u64,
     flops: u64,
+    /// The backend's device-check mode when the row was timed.
+    checks: DeviceChecks,
 }
 
 /// Everything a case needs: the backend, timing settings, the rows so far.
@@ -171,7 +188,7 @@ impl<R: Runtime> Bench<'_, R> {
     }
 
     fn push(&mut self, op: &str, shape: String, dtype: &str, us: f64, bytes: u64, flops: u64) {
-        self.rows.push(Row { op: op.into(), shape, dtype: dtype.into(), us, bytes, flops });
+        self.rows.push(Row { op: op.into(), shape, dtype: dtype.into(), us, bytes, flops, checks: self.b.device_checks() });
     }
 }
 
@@ -625,27 +642,33 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
             }
         }
     };
+    let initial_checks = b.device_checks();
+    // Each checked case once per requested mode (a row pair with `both`).
+    let mut checked = |c: &mut Bench<'_, R>, what: String, case: &mut dyn FnMut(&mut Bench<'_, R>) -> Result<()>| {
+        for &m in &o.device_checks {
+            b.set_device_checks(m);
+            let r = case(c);
+            note(c, format!("{what} (device checks {m:?})"), r);
+        }
+        b.set_device_checks(initial_checks);
+    };
     for &h in &sh.heads {
         for &(n, len) in &sh.kda_prefill {
-            let r = kda_prefill(&mut c, h, sh.kda_dim, n, len);
-            note(&c, format!("kda_prefill h={h} {n}x{len}"), r);
+            checked(&mut c, format!("kda_prefill h={h} {n}x{len}"), &mut |c| kda_prefill(c, h, sh.kda_dim, n, len));
         }
         for &bt in &sh.kda_decode {
-            let r = kda_decode(&mut c, h, sh.kda_dim, bt);
-            note(&c, format!("kda_decode h={h} b={bt}"), r);
+            checked(&mut c, format!("kda_decode h={h} b={bt}"), &mut |c| kda_decode(c, h, sh.kda_dim, bt));
         }
         for &ctx in &sh.mla_ctx {
             for &bt in &sh.mla_batch {
                 for (f, name) in [(KvCacheFormat::Bf16, "bf16 cache"), (KvCacheFormat::Fp8Tiled(Fp8Flavor::E4M3Fn), "fp8 e4m3 tiled cache")] {
-                    let r = mla_decode(&mut c, h, bt, ctx, f, name);
-                    note(&c, format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), r);
+                    checked(&mut c, format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), &mut |c| mla_decode(c, h, bt, ctx, f, name));
                 }
             }
         }
     }
     for &t in &sh.moe_tokens {
-        let r = moe(&mut c, t, sh.moe);
-        note(&c, format!("moe t={t}"), r);
+        checked(&mut c, format!("moe t={t}"), &mut |c| moe(c, t, sh.moe));
     }
     for &(n, k, what) in &sh.gemm {
         for &m in &sh.gemm_tokens {
@@ -656,11 +679,12 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
     let failed = failures.len();
     let report = report(&c, o, copy, copy_source, &failures);
     println!("k3-device-bench on {} ({}), copy {:.1} GB/s copied ({copy_source}), median of {} after {} warmup", b.name(), b.device_info().name, copy, o.iters, o.warmup);
-    println!("{:<17} {:>10} {:>9} {:>9} {:>7}  shape / dtype", "op", "us", "TFLOP/s", "GB/s", "%copy");
+    println!("{:<17} {:>10} {:>9} {:>9} {:>7} {:>6}  shape / dtype", "op", "us", "TFLOP/s", "GB/s", "%copy", "checks");
     for (r, v) in c.rows.iter().zip(report["rows"].as_array().into_iter().flatten()) {
         println!(
-            "{:<17} {:>10.2} {:>9.3} {:>9.1} {:>7.1}  {} / {}",
-            r.op, r.us, v["tflops"].as_f64().unwrap_or(0.0), v["gbs"].as_f64().unwrap_or(0.0), v["pct_copy"].as_f64().unwrap_or(0.0), r.shape, r.dtype
+            "{:<17} {:>10.2} {:>9.3} {:>9.1} {:>7.1} {:>6}  {} / {}",
+            r.op, r.us, v["tflops"].as_f64().unwrap_or(0.0), v["gbs"].as_f64().unwrap_or(0.0), v["pct_copy"].as_f64().unwrap_or(0.0),
+            checks_name(r.checks), r.shape, r.dtype
         );
     }
     if let Some(path) = &o.json {
@@ -686,6 +710,7 @@ fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, 
                 "op": r.op, "shape": r.shape, "dtype": r.dtype, "us": r.us,
                 "tflops": r.flops as f64 / s / 1e12, "gbs": gbs,
                 "bytes": r.bytes, "flops": r.flops, "pct_copy": 100.0 * gbs / traffic,
+                "device_checks": checks_name(r.checks),
             })
         })
         .collect();
@@ -702,6 +727,13 @@ fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, 
         "failures": failures,
         "rows": rows,
     })
+}
+
+fn checks_name(m: DeviceChecks) -> &'static str {
+    match m {
+        DeviceChecks::On => "on",
+        DeviceChecks::Off => "off",
+    }
 }
 
 fn write_report(path: &std::path::Path, report: &Value) -> Result<()> {
