@@ -1,12 +1,15 @@
 //! Checked launches on the emulator: where a violation recorded by a kernel is reported (the
 //! synchronising call of its stream, or any download), that it is reported once, that the first
-//! one wins, and that `DeviceChecks::Off` runs the same kernels without a record.
+//! one wins, and that `DeviceChecks::Off` runs the same kernels without a record. In an
+//! AddressSanitizer build, also that ASan sees what the checks prevent (so the bad-input suite
+//! passing under ASan means something).
 
 use k3_backend_simt::{simt_backend, SimtBackend};
 use k3_kernels::{DeviceChecks, Runtime};
 use kernel_api::ops::{EmbeddingGather, EmbeddingGatherArgs, EmbeddingGatherParams, MlaCacheWrite, MlaCacheWriteArgs, MlaCacheWriteBatch, MlaCacheWriteParams};
 use kernel_api::ops::kv_cache::{KvCacheFormat, KvDims};
 use kernel_api::{Backend, BackendExt, DType, DeviceTensor, HostTensor};
+use std::process::Command;
 
 const P: EmbeddingGatherParams = EmbeddingGatherParams { vocab: 8, d: 4, m: 3 };
 
@@ -82,4 +85,48 @@ fn checks_off_runs_the_same_kernels_without_a_record() {
     off.set_device_checks(DeviceChecks::On);
     gather(&off, &[0, 8, 0], off.default_stream());
     assert_eq!(off.synchronize(off.default_stream()).unwrap_err().field(), Some("ids"));
+}
+
+const CHILD_ENV: &str = "K3_DEVICE_CHECKS_ASAN_CHILD";
+
+/// A cache write whose device slot is one past a 1-page cache (the plan saw slot 0).
+fn cache_write_past_the_end(b: &SimtBackend) -> kernel_api::Result<()> {
+    let p = MlaCacheWriteParams { dims: KvDims { latent: 8, rope: 0 }, num_pages: 1, page_size: 2, format: KvCacheFormat::Bf16, kv_scale: 1.0 };
+    let plan = MlaCacheWrite::plan(b, &p, &MlaCacheWriteBatch { slot_mapping: vec![0] }).unwrap();
+    let kv = b.upload_tensor(&HostTensor::from_f32(DType::F32, &[1, 8], &[1.0; 8]).unwrap()).unwrap();
+    let slots = b.upload_tensor(&HostTensor::from_i32(&[1], &[2]).unwrap()).unwrap();
+    let mut cache = b.zeros(DType::U8, &[1, 2, 16]).unwrap();
+    let args = MlaCacheWriteArgs { kv: kv.as_ref(), slot_mapping: slots.as_ref(), cache: cache.as_mut() };
+    MlaCacheWrite::run(b, &plan, args, None, b.default_stream())?;
+    b.synchronize(b.default_stream())
+}
+
+#[test]
+fn asan_catches_the_write_the_checks_prevent() {
+    let b = simt_backend(32).unwrap();
+    if std::env::var(CHILD_ENV).is_ok() {
+        b.set_device_checks(DeviceChecks::Off);
+        let _ = cache_write_past_the_end(&b);
+        panic!("AddressSanitizer did not stop the unchecked write past the cache");
+    }
+    // Checked: the write is skipped and reported.
+    assert_eq!(cache_write_past_the_end(&b).unwrap_err().field(), Some("slot_mapping"));
+    if !k3_backend_simt::asan_enabled() {
+        println!(
+            "skipped: the unchecked part needs an AddressSanitizer build \
+             (K3_SIMT_ASAN=1 CARGO_TARGET_DIR=target/asan cargo test -p k3-backend-simt --test device_checks)"
+        );
+        return;
+    }
+    let exe = std::env::current_exe().expect("test executable");
+    let child = Command::new(exe)
+        .args(["asan_catches_the_write_the_checks_prevent", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .env("ASAN_OPTIONS", "detect_leaks=0")
+        .output()
+        .expect("spawn the child test");
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    assert!(!child.status.success(), "the child should have been stopped by ASan:\n{stderr}");
+    assert!(stderr.contains("ERROR: AddressSanitizer: heap-buffer-overflow"), "{stderr}");
+    assert!(stderr.contains("mla_cache_write.cu"), "the report should point into the cache-write kernel:\n{stderr}");
 }
