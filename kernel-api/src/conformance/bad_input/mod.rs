@@ -210,3 +210,27 @@ pub fn tests() -> Vec<(&'static str, &'static str)> {
     }
     crate::__k3_for_each_bad_input!(list)
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every op whose kernels read index data from device memory has bad-input tests.
+    #[test]
+    fn every_op_with_device_metadata_is_covered() {
+        let covered: Vec<&str> = super::tests().into_iter().map(|(op, _)| op).collect();
+        for op in [
+            "embedding_gather",
+            "mla_cache_write",
+            "mla_decode",
+            "mla_prefill_absorbed",
+            "mla_prefill",
+            "kda_prefill",
+            "kda_decode",
+            "causal_conv1d",
+            "moe_align",
+            "moe_grouped_gemm",
+        ] {
+            assert!(covered.contains(&op), "{op} has no bad-input test");
+            assert!(crate::conformance::ALL_OPS.contains(&op), "{op} is not an op of the contract");
+        }
+    }
+}
