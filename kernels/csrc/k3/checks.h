@@ -84,10 +84,14 @@ enum CheckSite : int {
 };
 
 // Records a violation unless one is already recorded (cold path: only reached on bad data).
-// Out of line on AMD: inlined, its stores added VGPRs to hot kernels (moe_gemm_grouped 54 -> 64
-// on gfx942); nvcc keeps it cheap inline (an out-of-line call costs a stack frame there).
+// Out of line on the GPUs: inlined, its atomic and stores changed the register allocation of hot
+// kernels (sm_90a mla_decode_gluon_mma: 128 registers and 220 bytes of spills instead of 182
+// and none; gfx942 moe_gemm_grouped: 64 VGPRs instead of 54). As a call it costs nothing until
+// a violation happens.
 #if K3_TARGET_HIP
 __attribute__((noinline))
+#elif K3_TARGET_CUDA
+__noinline__
 #endif
 K3_DEVICE void record_violation(ErrorRecord* err, int site, int kind, int64_t row, int64_t col, int64_t value,
                                 int64_t lo, int64_t hi) {
@@ -130,10 +134,13 @@ K3_DEVICE bool count_ok(ErrorRecord* err, int site, int64_t value, int64_t plann
 // True in every thread when `ok` holds in every thread of the block. Every thread of the block
 // must call it (it contains barriers); with checks off it returns true at once, so that branch
 // is uniform too (err is a kernel argument).
-// (A shared flag, not CUDA's __syncthreads_and: with the latter ptxas gave
-// mla_decode_gluon_mma 128 registers and 220 bytes of spills on sm_90a instead of 188 and none.)
 K3_DEVICE bool block_all(const ErrorRecord* err, bool ok) {
   if (err == nullptr) return true;
+#if K3_TARGET_CUDA
+  return __syncthreads_and(ok ? 1 : 0) != 0;  // one barrier
+#else
+  // A shared flag and three barriers (HIP's __syncthreads_and needs the device libraries, which
+  // the -nogpulib builds do not link).
   K3_SHARED(int, k3_block_bad, [1]);
   sync_threads();  // readers of the previous answer are done
   if (thread_idx_x() == 0 && thread_idx_y() == 0 && thread_idx_z() == 0) k3_block_bad[0] = 0;
@@ -141,6 +148,7 @@ K3_DEVICE bool block_all(const ErrorRecord* err, bool ok) {
   if (!ok) k3_block_bad[0] = 1;
   sync_threads();
   return k3_block_bad[0] == 0;
+#endif
 }
 
 // Whether entry `self` (value v) of the i32/i64 index list idx[0..n) (element stride `stride`)
