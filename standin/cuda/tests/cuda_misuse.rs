@@ -16,6 +16,10 @@ fn runtime() -> CudaRuntime {
     if std::env::var_os("K3_CUDA_DRIVER_LIBRARY").is_none() {
         std::env::set_var("K3_CUDA_DRIVER_LIBRARY", dir.join("libk3_standin_cuda.so"));
     }
+    // An AMD personality left by `standin-env.sh rocm` in the same shell is not this library's.
+    if std::env::var("K3_STANDIN_ARCH").is_ok_and(|a| a.starts_with("gfx")) {
+        std::env::remove_var("K3_STANDIN_ARCH");
+    }
     let rt = CudaRuntime::new(0).expect("the CUDA stand-in opens as device 0");
     assert!(rt.device_info().name.starts_with("k3 stand-in"), "not the stand-in: {}", rt.device_info().name);
     rt
@@ -41,6 +45,18 @@ fn expect(rc: sys::CUresult, want: sys::CUresult, needle: &str) {
 
 fn ok(what: &str, rc: sys::CUresult) {
     assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "{what}: {}", text(rc));
+}
+
+/// Whether build.rs embedded nvcc cubins (no nvcc at build time: the kernel tests skip, unless
+/// K3_REQUIRE_DEVICE_COMPILE=1 makes that a failure).
+fn cubins() -> bool {
+    if !kernels::IMAGES.is_empty() {
+        return true;
+    }
+    let require = std::env::var("K3_REQUIRE_DEVICE_COMPILE").is_ok_and(|v| v == "1");
+    assert!(!require, "K3_REQUIRE_DEVICE_COMPILE=1 but no cubins are embedded: {:?}", kernels::UNAVAILABLE);
+    println!("skipped: no cubins embedded ({:?})", kernels::UNAVAILABLE);
+    false
 }
 
 /// The embedded nvcc cubin of a csrc file for compute capability (major, minor), loaded raw.
@@ -95,6 +111,9 @@ fn reduce_setup(rt: &CudaRuntime) -> (sys::CUmodule, sys::CUfunction, [u64; 5]) 
 
 #[test]
 fn launches_beyond_the_personality_limits() {
+    if !cubins() {
+        return;
+    }
     let rt = runtime();
     let (_, f, ptrs) = reduce_setup(&rt);
     use sys::CUresult::*;
@@ -121,6 +140,9 @@ fn launches_beyond_the_personality_limits() {
 /// its register count (cuFuncGetAttribute reads it from the cubin).
 #[test]
 fn too_many_threads_for_the_registers() {
+    if !cubins() {
+        return;
+    }
     let rt = runtime();
     let mut heaviest: Option<(i32, sys::CUfunction, String)> = None;
     for (file, names) in [("tests/gemm_mma.cu", &["gemm_bf16_mma"][..]), ("tests/reduce.cu", &["block_reduce"][..])] {
@@ -153,6 +175,9 @@ fn too_many_threads_for_the_registers() {
 
 #[test]
 fn kernel_missing_from_the_image_and_images_for_another_gpu() {
+    if !cubins() {
+        return;
+    }
     let rt = runtime();
     let (m, _, _) = reduce_setup(&rt);
     expect(function(m, "no_such_kernel").unwrap_err(), sys::CUresult::CUDA_ERROR_NOT_FOUND, "no kernel `no_such_kernel`");
@@ -168,6 +193,9 @@ fn kernel_missing_from_the_image_and_images_for_another_gpu() {
 
 #[test]
 fn pointer_parameters_outside_allocations_and_into_freed_ones() {
+    if !cubins() {
+        return;
+    }
     let rt = runtime();
     let (_, f, ptrs) = reduce_setup(&rt);
     let bad = [ptrs[0], 0x1000, ptrs[2], ptrs[3], ptrs[4]];
@@ -268,7 +296,9 @@ fn child_personality() {
     println!("{} {} SMs {maj}.{min}", i.arch, i.compute_units);
     assert_eq!(i.shared_mem_per_block, 227 * 1024);
     assert!(i.name.contains(&i.arch), "{}", i.name);
-    // The embedded cubin for this arch loads and runs.
-    let (_, f, ptrs) = reduce_setup(&rt);
-    ok("launch", launch_reduce(f, [1, 1, 1], [256, 1, 1], 0, ptrs));
+    if cubins() {
+        // The embedded cubin for this arch loads and runs.
+        let (_, f, ptrs) = reduce_setup(&rt);
+        ok("launch", launch_reduce(f, [1, 1, 1], [256, 1, 1], 0, ptrs));
+    }
 }

@@ -323,6 +323,7 @@ fn every_personality_and_hip_version() {
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["child_personality", "--exact", "--ignored"])
+        .env("K3_HIP_TEST_CHILD", "1")
         .env("K3_STANDIN_ARCH", "sm_90a")
         .output()
         .unwrap();
