@@ -2,7 +2,7 @@
 //! chunked prefill; state indices of the fused decode; cu_seqlens and state indices of the
 //! causal conv1d.
 
-use super::{assert_rejected, cases, outside, run_synced, upload_i32, upload_index, Tally};
+use super::{assert_rejected, cases, offsets, outside, run_synced, upload_i32, upload_index, Tally};
 use crate::backend::{Backend, BackendExt, DeviceTensor};
 use crate::conformance::{download_f32, upload_f32, TestRng};
 use crate::dtype::DType;
@@ -12,16 +12,6 @@ use crate::ops::{
     KdaDecode, KdaDecodeArgs, KdaDecodeBatch, KdaDecodeParams, KdaGateMode, KdaOutputNorm, KdaPrefill, KdaPrefillArgs,
     KdaPrefillBatch, KdaPrefillParams, KdaStateLayout,
 };
-
-/// `[0, l0, l0 + l1, ...]`.
-fn offsets(lens: &[usize]) -> Vec<i64> {
-    std::iter::once(0)
-        .chain(lens.iter().scan(0i64, |a, &l| {
-            *a += l as i64;
-            Some(*a)
-        }))
-        .collect()
-}
 
 // ---- chunked prefill ---------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 //! block tables of the decode (both variants) and of the absorbed prefill; cu_seqlens of the
 //! ragged prefill.
 
-use super::{assert_rejected, cases, outside, rejected_or_ok, run_synced, upload_i32, upload_index, Tally};
+use super::{assert_rejected, cases, offsets, outside, rejected_or_ok, run_synced, upload_i32, upload_index, Tally};
 use crate::backend::{Backend, BackendExt, DeviceTensor};
 use crate::conformance::mla_decode::oracle::PagedCase;
 use crate::conformance::{download_f32, upload_f32, TestRng};
@@ -343,14 +343,9 @@ pub fn mla_prefill_absorbed_generated_bad_metadata<B: Backend + MlaPrefillAbsorb
     }
 }
 
-/// `[0, l0, l0 + l1, ...]`.
+/// [`offsets`] as i32 (the absorbed prefill's index dtype).
 fn offsets_i32(lens: &[i32]) -> Vec<i32> {
-    std::iter::once(0)
-        .chain(lens.iter().scan(0, |a, &l| {
-            *a += l;
-            Some(*a)
-        }))
-        .collect()
+    offsets(&lens.iter().map(|&l| l as usize).collect::<Vec<_>>()).into_iter().map(|x| x as i32).collect()
 }
 
 // ---- ragged prefill ----------------------------------------------------------------------------
@@ -405,10 +400,6 @@ pub fn mla_prefill_generated_bad_cu_seqlens<B: Backend + MlaPrefill>(b: &B) {
         let n = 1 + rng.below(3);
         let q_lens: Vec<usize> = (0..n).map(|_| 1 + rng.below(20)).collect();
         let kv_lens: Option<Vec<usize>> = (rng.below(2) == 0).then(|| (0..n).map(|_| rng.below(20)).collect());
-        let offsets = |lens: &[usize]| -> Vec<i64> { std::iter::once(0).chain(lens.iter().scan(0i64, |a, &l| {
-            *a += l as i64;
-            Some(*a)
-        })).collect() };
         let (mut cu, mut cu_k) = (offsets(&q_lens), kv_lens.as_deref().map(offsets));
         let total_q = cu[n];
         let max_q = *q_lens.iter().max().unwrap_or(&0) as i64;

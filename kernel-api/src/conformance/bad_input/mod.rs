@@ -94,6 +94,16 @@ impl Drop for Tally {
     }
 }
 
+/// `[0, l0, l0 + l1, ...]`: the offsets of sequences of these lengths.
+pub fn offsets(lens: &[usize]) -> Vec<i64> {
+    std::iter::once(0)
+        .chain(lens.iter().scan(0i64, |a, &l| {
+            *a += l as i64;
+            Some(*a)
+        }))
+        .collect()
+}
+
 /// Uploads i32 values.
 pub fn upload_i32<B: Backend>(b: &B, shape: &[usize], v: &[i32]) -> DeviceTensor<B> {
     b.upload_tensor(&HostTensor::from_i32(shape, v).expect("i32 tensor")).expect("upload")
