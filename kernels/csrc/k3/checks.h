@@ -15,11 +15,15 @@
 //   - check each index once where it is read (once per page, row or sequence, never inside an
 //     inner loop over the data it addresses), e.g.
 //         const int64_t slot = k3::load_index(slots, slot_dt, tok);
-//         if (!k3::index_ok(err, k3::kCheckMlaCacheWriteSlot, tok, slot, -1, num_slots)) continue;
+//         if (!k3::index_ok(err, k3::kCheckMlaCacheWriteSlot, tok, slot, 0, num_slots)) continue;
 //     with a new CheckSite below (and its line in kernels/src/device_checks.rs: the name of the
 //     op and of the tensor the host reports);
 //   - where a whole block must agree (work guarded by barriers), combine the per-thread answers
-//     with k3::block_all(err, ok): every thread of the block calls it;
+//     with k3::block_all(err, ok): every thread of the block calls it (MLA's pages_ok checks a
+//     sequence's block-table entries this way, once per work item, before any cache read);
+//   - counts a kernel derives from device data and that the plan sized (a schedule's items,
+//     chunks) go through k3::count_ok; slots two entries must not share, through
+//     k3::block_unique;
 //   - with err == nullptr every check answers true without comparing: an engine that validates
 //     upstream pays nothing, and out-of-range data is then undefined behaviour as in any
 //     unchecked kernel.
@@ -27,7 +31,7 @@
 // "First" is decided by an atomic compare-and-swap on ErrorRecord::flag: the first thread to
 // flip it from 0 to 1 writes the other fields; later violations (of any kernel on the stream,
 // until the host reads and clears the record) are dropped. Which of several violations inside
-// one launch wins is unspecified on GPUs (deterministic on the emulator at seed 0).
+// one launch wins is unspecified (blocks run concurrently on GPUs and on the emulator).
 // Included by k3/compat.h.
 #ifndef K3_CHECKS_H
 #define K3_CHECKS_H
