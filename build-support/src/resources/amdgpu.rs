@@ -91,11 +91,20 @@ fn load_width(suffix: &str) -> u32 {
     }
 }
 
+/// Scalar registers `s5` (5, 5) or `s[4:5]` (4, 5).
+fn sreg_range(op: &str) -> Option<(u32, u32)> {
+    let op = op.trim();
+    if let Some(r) = op.strip_prefix("s[") {
+        let (a, b) = r.strip_suffix(']')?.split_once(':')?;
+        return Some((a.parse().ok()?, b.parse().ok()?));
+    }
+    let n = op.strip_prefix('s')?.parse().ok()?;
+    Some((n, n))
+}
+
 /// Scalar-register number of `s5` or the first of `s[4:5]`.
 fn sreg(op: &str) -> Option<u32> {
-    let op = op.trim();
-    let digits = op.strip_prefix("s[").map(|r| r.split(':').next().unwrap_or("")).or_else(|| op.strip_prefix('s'))?;
-    digits.parse().ok()
+    sreg_range(op).map(|(a, _)| a)
 }
 
 fn literal(op: &str) -> Option<u64> {
@@ -129,6 +138,14 @@ impl Reader {
 
     fn instruction(&mut self, mnemonic: &str, operands: &str, address: Option<u64>, by_address: &BTreeMap<u64, String>) {
         let ops: Vec<&str> = operands.split(',').map(str::trim).collect();
+        let tracked = matches!(mnemonic, "s_getpc_b64" | "s_add_u32" | "s_addc_u32" | "s_swappc_b64" | "s_setpc_b64");
+        if !tracked && (mnemonic.starts_with("s_") || mnemonic.starts_with("v_read")) {
+            // Any other write to a register pair that held a call target in the making (the
+            // return address restored into s[30:31], a table address reused) ends it.
+            if let Some((lo, hi)) = ops.first().and_then(|o| sreg_range(o)) {
+                self.pending.retain(|&k, _| k + 1 < lo || k > hi);
+            }
+        }
         let s: &mut CodeStats = &mut self.function.stats;
         if mnemonic.starts_with("v_mfma") {
             s.matrix_op("mfma", mnemonic);
@@ -336,6 +353,24 @@ mod tests {
         let (with, callee_scratch, callees) = with_callees(&fs, "moe_gemm_grouped_mma").expect("listed");
         assert_eq!(callees.len(), 2);
         assert!(with.matrix_total() > 0 && callee_scratch > 0);
+    }
+
+    #[test]
+    fn a_restored_return_address_is_not_a_call_target() {
+        // `attend` on gfx942 builds a table address in s[30:31] with s_getpc_b64 and later
+        // restores its return address there; the final `s_setpc_b64 s[30:31]` is a return.
+        let text = "0000000000001000 <f>:\n\
+            \ts_getpc_b64 s[30:31]      // 000000001000: BE9E1C00\n\
+            \ts_add_u32 s30, s30, 0x40  // 000000001004: 801EFF1E 00000040\n\
+            \ts_addc_u32 s31, s31, 0    // 00000000100C: 821FFF1F 00000000\n\
+            \tv_readlane_b32 s30, v40, 0 // 000000001014: D2890 01E\n\
+            \tv_readlane_b32 s31, v40, 1 // 00000000101C: D2890 01F\n\
+            \ts_setpc_b64 s[30:31]      // 000000001024: BE801D1E\n";
+        let fs = parse_listing(text);
+        assert_eq!((fs[0].stats.calls, fs[0].callees.len()), (0, 0), "{:?}", fs[0]);
+        assert_eq!(sreg_range("s[30:31]"), Some((30, 31)));
+        assert_eq!(sreg_range("s7"), Some((7, 7)));
+        assert_eq!(sreg_range("v7"), None);
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! the driver's 1 KiB per block, with the SM's carveout at its maximum (228 KiB). AMD follows
 //! LLVM's AMDGPU occupancy rules (`GCNSubtarget`, `llvm-calc-occupancy`): waves per SIMD from the
 //! unified VGPR file (512 per lane, granule 8) and from SGPRs, at most 8; a workgroup's waves
-//! spread over the CU's 4 SIMDs; LDS in 512-byte granules; at most 16 multi-wave workgroups per
-//! CU (barrier resources).
+//! spread over the CU's 4 SIMDs; LDS in blocks of 512 bytes (gfx942) or 1280 bytes (gfx950); at
+//! most 16 multi-wave workgroups per CU (barrier resources).
 
 use super::{KernelResources, Vendor};
 use std::fmt;
@@ -77,7 +77,7 @@ const HOPPER_BLACKWELL_SM: Sm = Sm {
     reserved_shared_per_block: 1024,
 };
 
-const fn cdna_cu(lds: u64) -> Cu {
+const fn cdna_cu(lds: u64, lds_granule: u64) -> Cu {
     Cu {
         simds: 4,
         waves_per_simd: 8,
@@ -85,7 +85,7 @@ const fn cdna_cu(lds: u64) -> Cu {
         vgpr_granule: 8,
         lds,
         lds_per_block: lds,
-        lds_granule: 512,
+        lds_granule,
         max_blocks: 16,
     }
 }
@@ -102,8 +102,16 @@ const fn nvidia(target: &'static str, product: &'static str, units: u32) -> Targ
     }
 }
 
-const fn amd(target: &'static str, product: &'static str, units: u32, lds: u64) -> TargetLimits {
-    TargetLimits { target, vendor: Vendor::Amd, product, units, warp_size: 64, max_block_threads: 1024, unit: Unit::Cu(cdna_cu(lds)) }
+const fn amd(target: &'static str, product: &'static str, units: u32, lds: u64, lds_granule: u64) -> TargetLimits {
+    TargetLimits {
+        target,
+        vendor: Vendor::Amd,
+        product,
+        units,
+        warp_size: 64,
+        max_block_threads: 1024,
+        unit: Unit::Cu(cdna_cu(lds, lds_granule)),
+    }
 }
 
 /// The five targets of the report, in report order.
@@ -111,8 +119,9 @@ pub const TARGETS: [TargetLimits; 5] = [
     nvidia("sm_90a", "H200", 132),
     nvidia("sm_100a", "B200", 148),
     nvidia("sm_103a", "B300", 148),
-    amd("gfx942", "MI300X", 304, 64 * 1024),
-    amd("gfx950", "MI355X", 256, 160 * 1024),
+    // LDS allocation blocks: 128 dwords on GFX7+, 320 dwords on gfx950 (AMDGPUUsage, LDS_SIZE).
+    amd("gfx942", "MI300X", 304, 64 * 1024, 512),
+    amd("gfx950", "MI355X", 256, 160 * 1024, 1280),
 ];
 
 /// The limits of a target of [`TARGETS`].
@@ -360,7 +369,7 @@ mod tests {
         // 40 KiB of LDS: one per CU on gfx942 (64 KiB), four on gfx950 (160 KiB).
         assert_eq!(occ("gfx942", &k, 256, 40 * 1024), (1, "shared".into()));
         assert_eq!(occ("gfx950", &k, 256, 40 * 1024), (4, "shared".into()));
-        // 96 KiB exceeds gfx942's LDS but fits gfx950's.
+        // 96 KiB exceeds gfx942's LDS but fits gfx950's (77 blocks of 1280 bytes).
         assert_eq!(occ("gfx942", &k, 256, 96 * 1024).0, 0);
         assert_eq!(occ("gfx950", &k, 256, 96 * 1024).0, 1);
         // No LDS, one-wave blocks: 32 wave slots per CU (4 SIMDs x 8).
