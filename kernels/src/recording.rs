@@ -179,8 +179,8 @@ impl Runtime for RecordingRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Dim3, GpuBackend};
-    use kernel_api::ops::{KdaDecode, KdaDecodeArgs, KdaDecodeBatch, KdaDecodeParams, KdaGateMode, KdaOutputNorm, KdaStateLayout};
+    use crate::GpuBackend;
+    use kernel_api::ops::{RmsNorm, RmsNormArgs, RmsNormParams, RmsWeightOrder};
     use kernel_api::{Backend, BackendExt, BackendKind, DType, Fp8Native};
 
     fn h200() -> DeviceInfo {
@@ -211,51 +211,16 @@ mod tests {
     #[test]
     fn an_ops_run_records_its_launches() {
         let b = GpuBackend::new(RecordingRuntime::new(h200()), &ModuleImage::host_linked("recorded"), "recorded").expect("backend");
-        let (batch, heads, d) = (64, 12, 128);
-        let p = KdaDecodeParams {
-            batch,
-            heads,
-            head_k: d,
-            head_v: d,
-            conv_width: 4,
-            state_slots: batch + 1,
-            state_layout: KdaStateLayout::KMajor,
-            gate: KdaGateMode::LowerBound { lower_bound: -5.0 },
-            beta_sigmoid: true,
-            qk_l2norm: true,
-            scale: None,
-            output_norm: KdaOutputNorm::GatedRmsNorm { eps: 1e-5 },
-        };
-        let idx: Vec<i32> = (1..=batch as i32).collect();
-        let plan = KdaDecode::plan(&b, &p, &KdaDecodeBatch { state_indices: &idx }).expect("plan");
-        let z = |dtype, shape: &[usize]| b.zeros(dtype, shape).expect("alloc");
-        let (f32_, bf) = (DType::F32, DType::BF16);
-        let (x, cw, g, beta) = (z(bf, &[batch, p.channels()]), z(f32_, &[p.channels(), 4]), z(bf, &[batch, heads, d]), z(bf, &[batch, heads]));
-        let (a_log, dt_bias, si) = (z(f32_, &[heads]), z(f32_, &[heads * d]), z(DType::I32, &[batch]));
-        let (og, nw) = (z(bf, &[batch, heads, d]), z(f32_, &[d]));
-        let (mut cs, mut st, mut out) = (z(f32_, &[batch + 1, p.channels(), 3]), z(f32_, &[batch + 1, heads, d, d]), z(bf, &[batch, heads, d]));
-        let args = KdaDecodeArgs {
-            x_qkv: x.as_ref(),
-            conv_weight: cw.as_ref(),
-            conv_state: cs.as_mut(),
-            g_raw: g.as_ref(),
-            beta: beta.as_ref(),
-            a_log: Some(a_log.as_ref()),
-            dt_bias: Some(dt_bias.as_ref()),
-            state_indices: si.as_ref(),
-            recurrent_state: st.as_mut(),
-            output_gate: Some(og.as_ref()),
-            norm_weight: Some(nw.as_ref()),
-            out: out.as_mut(),
-        };
-        let mut ws = b.workspace(KdaDecode::workspace_size(&b, &plan)).expect("workspace");
-        KdaDecode::run(&b, &plan, args, ws.as_mut(), b.default_stream()).expect("run");
+        let p = RmsNormParams { m: 64, d: 7168, eps: 1e-5, weight_order: RmsWeightOrder::F32 };
+        let plan = RmsNorm::plan(&b, &p).expect("plan");
+        let z = |shape: &[usize]| b.zeros(DType::BF16, shape).expect("alloc");
+        let (x, w, mut out) = (z(&[64, 7168]), z(&[7168]), z(&[64, 7168]));
+        RmsNorm::run(&b, &plan, RmsNormArgs { x: x.as_ref(), w: w.as_ref(), out: out.as_mut() }, None, b.default_stream())
+            .expect("run");
         let l = b.runtime().take_launches();
         assert_eq!(l.len(), 1);
-        assert_eq!(l[0].kernel, "kda_decode_fused_step");
-        // One block per (row, head); q|k|v, alpha, o and a 128 x 33 f32 state tile.
-        assert_eq!((l[0].config.grid, l[0].config.block), (Dim3::x(64 * 12), Dim3::x(128)));
-        assert_eq!(l[0].config.shared_bytes, 4 * (3 * 128 + 128 + 128 + 128 * 33));
+        assert_eq!(l[0].kernel, "dense_rms_norm");
+        assert_eq!(l[0].config.grid.count(), 64, "one block per row: {:?}", l[0].config);
         assert!(b.runtime().take_launches().is_empty(), "taken");
     }
 }

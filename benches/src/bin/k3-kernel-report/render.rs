@@ -210,7 +210,7 @@ fn share_cell(k: &KernelResources) -> String {
 fn kb(bytes: u64) -> String {
     if bytes == 0 {
         "0".into()
-    } else if bytes % 1024 == 0 {
+    } else if bytes.is_multiple_of(1024) {
         format!("{} KiB", bytes / 1024)
     } else {
         format!("{bytes} B")
@@ -349,8 +349,10 @@ pub fn markdown(reports: &[TargetReport]) -> String {
         s,
         "Launches recorded from each op's `plan`/`run` at the shapes of `k3-device-bench` (KDA prefill 1×8192 and \
          8×1024, KDA decode batch 1/64/1024, MLA decode batch 1/16/64 at 8k/64k, each at 12 and 96 heads; MoE at \
-         1/64/1024 tokens; the dense projections at 1/64/1024 rows), through a runtime that runs nothing and describes \
-         itself as the product above. The dense GEMM rows are the dialect's kernel (on CUDA, bf16 GEMMs go to cuBLASLt \
+         1/64/1024 tokens; the dense projections at 1/64/1024 rows) and of the other ops of a K3 layer at K3's dims \
+         (norms, AttnRes mix, KDA gate and short conv, MLA prefill and cache write, SiTU-GLU, sigmoid gate, embedding \
+         gather: `benches/src/bin/k3-kernel-report/cases.rs`), through a runtime that runs nothing and describes itself \
+         as the product above. The dense GEMM rows are the dialect's kernel (on CUDA, bf16 GEMMs go to cuBLASLt \
          by default). Resident: blocks per SM / CU with the limiting resources; occupancy: resident warps / waves over \
          the unit's maximum; waves: grid blocks over (resident blocks × units), below 1 the GPU is not filled.\n"
     );
