@@ -12,8 +12,6 @@ use crate::env::{is_executable, BuildEnv};
 use crate::toolchain::{find_nvcc, run_capture, Nvcc};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 /// What one target's images say, or why there is nothing to say.
 #[derive(Clone, Debug)]
@@ -28,46 +26,19 @@ pub struct TargetResources {
     pub kernels: Result<Vec<KernelResources>, String>,
 }
 
-/// `f` over `items` on up to `jobs` threads; results in item order.
-fn par_map<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let next = AtomicUsize::new(0);
-    let slots: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
-    let work = || loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        let Some(item) = items.get(i) else { break };
-        let r = f(item);
-        let mut guard = match slots.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        guard[i] = Some(r);
-    };
-    std::thread::scope(|s| {
-        for _ in 1..jobs.max(1).min(items.len()) {
-            let _ = std::thread::Builder::new().name("k3-kernel-resources".into()).spawn_scoped(s, work);
-        }
-        work();
-    });
-    let slots = match slots.into_inner() {
-        Ok(v) => v,
-        Err(p) => p.into_inner(),
-    };
-    slots.into_iter().flatten().collect()
-}
-
 /// Every kernel of `arts`, one image at a time on `jobs` threads.
 fn each_image(
     arts: &[Artifact],
     jobs: usize,
     read: impl Fn(&Artifact) -> Result<Vec<KernelResources>, String> + Sync,
 ) -> Result<Vec<KernelResources>, String> {
-    let results = par_map(arts, jobs, |a| read(a).map_err(|e| format!("{} for {}: {e}", a.name, a.target)));
+    let results = crate::par::map(arts, jobs, "k3-kernel-resources", |a| read(a));
     let mut out = Vec::new();
     let mut errors = Vec::new();
-    for r in results {
-        match r {
+    for (r, a) in results.into_iter().zip(arts) {
+        match r.unwrap_or_else(|| Err("not read".into())) {
             Ok(ks) => out.extend(ks),
-            Err(e) => errors.push(e),
+            Err(e) => errors.push(format!("{} for {}: {e}", a.name, a.target)),
         }
     }
     if errors.is_empty() {
@@ -188,13 +159,6 @@ pub fn read_targets(env: &BuildEnv, cfg: &Config) -> Vec<TargetResources> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn par_map_keeps_order() {
-        let items: Vec<u32> = (0..37).collect();
-        assert_eq!(par_map(&items, 4, |x| x * 2), items.iter().map(|x| x * 2).collect::<Vec<_>>());
-        assert!(par_map(&[] as &[u32], 4, |x| *x).is_empty());
-    }
 
     #[test]
     fn compiler_descriptions_drop_paths() {
