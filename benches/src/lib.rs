@@ -1,4 +1,7 @@
-//! Shared helpers of the k3-kernels benches: deterministic inputs uploaded to a backend.
+//! Shared helpers of the k3-kernels benches: deterministic inputs uploaded to a backend, and the
+//! speed-of-light columns of the device bench report ([`sol`]).
+
+pub mod sol;
 
 use kernel_api::conformance::{upload_f32, TestRng};
 use kernel_api::{Backend, DType, DeviceTensor, Result};

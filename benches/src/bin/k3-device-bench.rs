@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE]
-//!                 [--warmup N] [--iters N] [--copy-gbs GB/S]
+//!                 [--warmup N] [--iters N] [--copy-gbs GB/S] [--hardware PART]
+//! k3-device-bench --table FILE [--hardware PART]     # the table of a report, floors recomputed
 //! ```
 //!
 //! Ops (each through its trait's `plan` / `workspace_size` / `run`, as the conformance tests do):
@@ -18,24 +19,26 @@
 //! Timing: `warmup` untimed runs, then `iters` runs each bracketed by two events on the default
 //! stream (`Runtime::record_event` / `elapsed_ms`); the row reports the median.
 //!
-//! Bytes model (`bytes` of a row = what the op must move at least, each tensor once):
-//! inputs read + outputs written + weights read + state/cache read and written back. KDA state
-//! pools are f32 and count twice (read + write); the MLA cache counts `seq_len · bytes_per_token`
-//! per sequence once; the MoE counts the MXFP4 codes and scales of the experts the router
-//! actually picked (counted from the device's `topk_ids`) plus the bf16 router weight.
-//! FLOPs: KDA 7·K·V per token and head (decay, Sᵀk, rank-1 update, Sᵀq of the recurrent form);
-//! MLA 2·(576 + 512) per query head and cached token; MoE 2·T·hidden·E (router) + 6·T·k·latent·n;
-//! GEMM 2·M·N·K (bytes: x, W and out once each).
+//! Bytes and FLOPs of a row are the op's own speed-of-light cost (`cost` on its params in
+//! kernel-api, the model `k3 plan` uses too; counting rules in `kernel_api::cost`): what the op
+//! must move at least (each tensor once; the MoE GEMMs count the experts the router actually
+//! picked, read back from the device's `topk_ids`) and the FLOPs it must do, by math class.
+//! Floors: each row's `floor_us` on the part the bench ran on (`kernel_api::hardware`, matched
+//! from the device name, or `--hardware`) and `pct_floor` = floor / time (100 = speed of light).
 //!
 //! Bandwidth reference: `--copy-gbs` (bytes copied per second, as `copy_bandwidth` prints
 //! `d2d_copy_gbs`), else measured here by a D2D copy (`Runtime::copy_d2d`, 1 GiB on CUDA). A row's
 //! `pct_copy` is its `gbs` over the copy's traffic rate (2 × bytes copied per second, since a copy
 //! reads and writes every byte).
 //!
-//! Output: `{"schema": "k3-device-bench/1", ..., "rows": [{op, shape, dtype, us, tflops, gbs,
-//! bytes, flops, pct_copy}]}` to the JSON file, and a table on stdout.
+//! Output: `{"schema": "k3-device-bench/1", ..., "hardware": {id, name, source}, "rows": [{op,
+//! shape, dtype, us, tflops, gbs, bytes, flops, flops_by_class, pct_copy, floor_us, pct_floor,
+//! bound}]}` to the JSON file, and a table on stdout.
 
+use k3_benches::sol;
 use k3_kernels::{GpuBackend, Runtime};
+use kernel_api::cost::Cost;
+use kernel_api::hardware::Hardware;
 use kernel_api::conformance::TestRng;
 use kernel_api::ops::kv_cache::encode_token;
 use kernel_api::ops::mla_decode::K3_SOFTMAX_SCALE;
@@ -52,14 +55,16 @@ struct Opts {
     warmup: usize,
     iters: usize,
     copy_gbs: Option<f64>,
+    hardware: Option<String>,
+    table: Option<PathBuf>,
 }
 
 fn usage() -> String {
-    "usage: k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S]".into()
+    "usage: k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S] [--hardware PART]\n       k3-device-bench --table FILE [--hardware PART]".into()
 }
 
 fn parse_args() -> std::result::Result<Opts, String> {
-    let mut o = Opts { backend: String::new(), smoke: false, json: None, warmup: 0, iters: 0, copy_gbs: None };
+    let mut o = Opts { backend: String::new(), smoke: false, json: None, warmup: 0, iters: 0, copy_gbs: None, hardware: None, table: None };
     let (mut warmup, mut iters) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -77,12 +82,14 @@ fn parse_args() -> std::result::Result<Opts, String> {
                 }
                 o.copy_gbs = Some(v)
             }
+            "--hardware" => o.hardware = Some(val("--hardware")?),
+            "--table" => o.table = Some(PathBuf::from(val("--table")?)),
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown argument {other}\n{}", usage())),
         }
     }
-    if o.backend.is_empty() {
-        return Err(format!("--backend is required\n{}", usage()));
+    if o.backend.is_empty() && o.table.is_none() {
+        return Err(format!("--backend (or --table) is required\n{}", usage()));
     }
     o.warmup = warmup.unwrap_or(if o.smoke { 1 } else { 3 });
     o.iters = iters.unwrap_or(if o.smoke { 3 } else { 10 }).max(1);
@@ -98,6 +105,7 @@ fn main() {
         }
     };
     let res = match o.backend.as_str() {
+        _ if o.table.is_some() => print_table(&o),
         "simt32" | "simt64" => {
             let warp = if o.backend == "simt32" { 32 } else { 64 };
             k3_backend_simt::simt_backend(warp).and_then(|b| bench(&b, &o, &[("kernels", &|| ())]))
@@ -131,14 +139,26 @@ fn cuda(_: &Opts) -> Result<()> {
 
 type Dev<R> = DeviceTensor<GpuBackend<R>>;
 
+/// `--table FILE`: prints a report's table (floors recomputed for `--hardware` when given).
+fn print_table(o: &Opts) -> Result<()> {
+    let path = o.table.as_deref().unwrap_or(std::path::Path::new(""));
+    let text = std::fs::read_to_string(path).map_err(|e| Error::invalid("--table", format!("{}: {e}", path.display())))?;
+    let report: Value = serde_json::from_str(&text).map_err(|e| Error::invalid("--table", format!("{}: not JSON: {e}", path.display())))?;
+    if report["schema"] != "k3-device-bench/1" {
+        return Err(Error::invalid("--table", format!("{}: not a k3-device-bench/1 report", path.display())));
+    }
+    let hw = o.hardware.as_deref().map(|id| kernel_api::hardware::by_id(id, "--hardware")).transpose()?;
+    print!("{}", sol::table(&report, hw));
+    Ok(())
+}
+
 /// One result row.
 struct Row {
     op: String,
     shape: String,
     dtype: String,
     us: f64,
-    bytes: u64,
-    flops: u64,
+    cost: Cost,
 }
 
 /// Everything a case needs: the backend, timing settings, the rows so far.
@@ -170,8 +190,9 @@ impl<R: Runtime> Bench<'_, R> {
         Ok(t[t.len() / 2])
     }
 
-    fn push(&mut self, op: &str, shape: String, dtype: &str, us: f64, bytes: u64, flops: u64) {
-        self.rows.push(Row { op: op.into(), shape, dtype: dtype.into(), us, bytes, flops });
+    fn push(&mut self, op: &str, shape: String, dtype: &str, us: f64, cost: Result<Cost>) -> Result<()> {
+        self.rows.push(Row { op: op.into(), shape, dtype: dtype.into(), us, cost: cost? });
+        Ok(())
     }
 }
 
@@ -339,10 +360,7 @@ fn kda_prefill<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, seqs: 
         };
         KdaPrefill::run(b, &plan, args, w.as_mut(), b.default_stream())
     })?;
-    let (t, h, kd) = (t as u64, heads as u64, kd as u64);
-    let bytes = t * h * (4 * kd + 1) * 2 + 2 * seqs as u64 * h * kd * kd * 4;
-    c.push("kda_prefill", format!("seqs={seqs} len={len} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, bytes, 7 * t * h * kd * kd);
-    Ok(())
+    c.push("kda_prefill", format!("seqs={seqs} len={len} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, p.cost(t, seqs, bf, DType::F32))
 }
 
 fn kda_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, batch: usize) -> Result<()> {
@@ -396,12 +414,7 @@ fn kda_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, batch: 
         };
         KdaDecode::run(b, &plan, args, w.as_mut(), b.default_stream())
     })?;
-    let (bt, h, kd64, d) = (batch as u64, heads as u64, kd as u64, d as u64);
-    let io = bt * (d + h * kd64 + h + 2 * h * kd64) * 2;
-    let weights = d * w_conv as u64 * 4;
-    let state_bytes = 2 * bt * (d * (w_conv as u64 - 1) + h * kd64 * kd64) * 4;
-    c.push("kda_decode", format!("batch={batch} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, io + weights + state_bytes, 7 * bt * h * kd64 * kd64);
-    Ok(())
+    c.push("kda_decode", format!("batch={batch} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, p.cost(bf, DType::F32, DType::F32))
 }
 
 fn mla_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, batch: usize, ctx: usize, format: KvCacheFormat, fname: &str) -> Result<()> {
@@ -447,11 +460,8 @@ fn mla_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, batch: usize, ctx:
         };
         MlaDecode::run(b, &plan, args, w.as_mut(), b.default_stream())
     })?;
-    let (bq, h, n) = (batch as u64, heads as u64, ctx as u64);
-    let bytes = bq * n * bpt as u64 + bq * h * (dims.width() as u64 * 2 + dims.latent as u64 * 2 + 4) + bq * (pages_per_seq as u64 + 1) * 4;
-    let flops = bq * h * n * 2 * (dims.width() + dims.latent) as u64;
-    c.push("mla_decode", format!("batch={batch} ctx={ctx} heads={heads} page={page} kernel={:?}", plan.kernel), fname, us, bytes, flops);
-    Ok(())
+    let cost = p.cost(batch, batch as u64 * ctx as u64, DType::BF16, DType::BF16);
+    c.push("mla_decode", format!("batch={batch} ctx={ctx} heads={heads} page={page} kernel={:?}", plan.kernel), fname, us, cost)
 }
 
 fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, usize, usize)) -> Result<()> {
@@ -535,30 +545,28 @@ fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, u
             *u = true;
         }
     }
-    let distinct = used.iter().filter(|&&u| u).count() as u64;
-    let (t64, h64, l64, n64, e64, k64) = (t as u64, hidden as u64, l as u64, n as u64, e as u64, k as u64);
-    let w13_bytes = distinct * (2 * n64 * l64 / 2 + 2 * n64 * l64 / 32);
-    let w2_bytes = distinct * (l64 * n64 / 2 + l64 * n64 / 32);
-    let pairs = t64 * k64;
-    let route_bytes = e64 * h64 * 2 + t64 * h64 * 2 + e64 * 4 + pairs * 8;
-    let meta = pairs * 4 + aplan.max_padded as u64 * 4 + aplan.num_blocks as u64 * 4;
-    let gu_bytes = w13_bytes + t64 * l64 * 2 + pairs * n64 * 2 + meta;
-    let dn_bytes = w2_bytes + pairs * n64 * 2 + pairs * l64 * 4 + meta;
-    let cb_bytes = pairs * l64 * 4 + t64 * l64 * 2;
-    let (route_flops, gu_flops, dn_flops) = (2 * t64 * h64 * e64, 2 * pairs * l64 * 2 * n64, 2 * pairs * n64 * l64);
+    let distinct = used.iter().filter(|&&u| u).count();
+    let route_cost = rp.cost(bf, bf);
+    let align_cost = MoeAlignParams { routing: routing.clone(), global_experts: None }.cost();
+    let gu_cost = gplan.params.cost(distinct, bf, bf, bf);
+    let dn_cost = dplan.params.cost(distinct, bf, bf, DType::F32);
+    let cb_cost = cplan.params.cost(DType::F32, bf);
+    let total = [&route_cost, &align_cost, &gu_cost, &dn_cost, &cb_cost]
+        .into_iter()
+        .try_fold(Cost::default(), |acc, c| Ok::<_, Error>(acc.checked_add(c.as_ref().map_err(Clone::clone)?).ok_or_else(|| Error::invalid("params", "MoE cost overflows"))?));
     let shape = format!("tokens={t} hidden={hidden} latent={l} n={n} experts={e} top_k={k} picked={distinct}");
     let dt = "bf16 act, mxfp4 experts";
 
     let us = c.time(|| router(&mut ids, &mut weights))?;
-    c.push("moe_router", shape.clone(), "bf16 x/weight, f32 scores", us, route_bytes, route_flops);
+    c.push("moe_router", shape.clone(), "bf16 x/weight, f32 scores", us, route_cost)?;
     let us = c.time(|| align(&ids, &mut sorted, &mut expert_ids, &mut ntp, &mut aws))?;
-    c.push("moe_align", shape.clone(), "i32", us, pairs * 4 + meta, 0);
+    c.push("moe_align", shape.clone(), "i32", us, align_cost)?;
     let us = c.time(|| gate_up(&sorted, &expert_ids, &ntp, &mut a, &mut gws))?;
-    c.push("moe_gemm_gate_up", shape.clone(), dt, us, gu_bytes, gu_flops);
+    c.push("moe_gemm_gate_up", shape.clone(), dt, us, gu_cost)?;
     let us = c.time(|| down(&sorted, &expert_ids, &ntp, &a, &weights, &mut y, &mut dws))?;
-    c.push("moe_gemm_down", shape.clone(), dt, us, dn_bytes, dn_flops);
+    c.push("moe_gemm_down", shape.clone(), dt, us, dn_cost)?;
     let us = c.time(|| combine(&y, &mut r))?;
-    c.push("moe_combine", shape.clone(), "f32 in, bf16 out", us, cb_bytes, pairs * l64);
+    c.push("moe_combine", shape.clone(), "f32 in, bf16 out", us, cb_cost)?;
     let us = c.time(|| {
         router(&mut ids, &mut weights)?;
         align(&ids, &mut sorted, &mut expert_ids, &mut ntp, &mut aws)?;
@@ -566,9 +574,7 @@ fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, u
         down(&sorted, &expert_ids, &ntp, &a, &weights, &mut y, &mut dws)?;
         combine(&y, &mut r)
     })?;
-    let total_bytes = route_bytes + w13_bytes + w2_bytes + t64 * l64 * 2 + pairs * (n64 * 2 + l64 * 4) + t64 * l64 * 2;
-    c.push("moe", shape, dt, us, total_bytes, route_flops + gu_flops + dn_flops);
-    Ok(())
+    c.push("moe", shape, dt, us, total)
 }
 
 /// `out = x · Wᵀ` in bf16 through the contract's `Gemm`, once per route of the runtime (on
@@ -580,7 +586,6 @@ fn dense_gemm<R: Runtime>(c: &mut Bench<'_, R>, m: usize, n: usize, k: usize, wh
     let w = normal(b, bf, &[n, k], 1.0 / (k as f32).sqrt(), 42)?;
     let mut out = b.zeros(bf, &[m, n])?;
     let plan = Gemm::plan(b, &GemmParams::new(m, n, k, bf, bf, bf))?;
-    let (m64, n64, k64) = (m as u64, n as u64, k as u64);
     for (route, select) in routes {
         select();
         let mut w_s = ws(b, Gemm::workspace_size(b, &plan))?;
@@ -588,8 +593,7 @@ fn dense_gemm<R: Runtime>(c: &mut Bench<'_, R>, m: usize, n: usize, k: usize, wh
             let args = GemmArgs { x: x.as_ref(), w: w.as_ref(), bias: None, out: out.as_mut() };
             Gemm::run(b, &plan, args, w_s.as_mut(), b.default_stream())
         })?;
-        let bytes = 2 * (m64 * k64 + n64 * k64 + m64 * n64);
-        c.push("dense_gemm", format!("M={m} N={n} K={k} ({what}) route={route}"), "bf16", us, bytes, 2 * m64 * n64 * k64);
+        c.push("dense_gemm", format!("M={m} N={n} K={k} ({what}) route={route}"), "bf16", us, plan.params.cost())?;
     }
     Ok(())
 }
@@ -607,6 +611,7 @@ fn copy_gbs<R: Runtime>(c: &Bench<'_, R>, bytes: usize) -> Result<f64> {
 /// Runs every case; `gemm_routes` are (name, select) pairs the dense GEMM is timed under.
 fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn())]) -> Result<()> {
     let sh = shapes(o.smoke);
+    let hw = sol::resolve_hardware(o.hardware.as_deref(), &b.device_info().name)?;
     let mut c = Bench { b, warmup: o.warmup, iters: o.iters, rows: Vec::new() };
     let (copy, copy_source) = match o.copy_gbs {
         Some(v) => (v, "--copy-gbs"),
@@ -620,7 +625,7 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
             failures.push(json!({"case": what, "error": e.to_string()}));
         }
         if let Some(path) = &o.json {
-            if let Err(e) = write_report(path, &report(c, o, copy, copy_source, &failures)) {
+            if let Err(e) = write_report(path, &report(c, o, copy, copy_source, &hw, &failures)) {
                 eprintln!("{e}");
             }
         }
@@ -654,15 +659,9 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
         }
     }
     let failed = failures.len();
-    let report = report(&c, o, copy, copy_source, &failures);
-    println!("k3-device-bench on {} ({}), copy {:.1} GB/s copied ({copy_source}), median of {} after {} warmup", b.name(), b.device_info().name, copy, o.iters, o.warmup);
-    println!("{:<17} {:>10} {:>9} {:>9} {:>7}  shape / dtype", "op", "us", "TFLOP/s", "GB/s", "%copy");
-    for (r, v) in c.rows.iter().zip(report["rows"].as_array().into_iter().flatten()) {
-        println!(
-            "{:<17} {:>10.2} {:>9.3} {:>9.1} {:>7.1}  {} / {}",
-            r.op, r.us, v["tflops"].as_f64().unwrap_or(0.0), v["gbs"].as_f64().unwrap_or(0.0), v["pct_copy"].as_f64().unwrap_or(0.0), r.shape, r.dtype
-        );
-    }
+    let report = report(&c, o, copy, copy_source, &hw, &failures);
+    println!("median of {} runs after {} warmup; floors: {}", o.iters, o.warmup, hw.1);
+    print!("{}", sol::table(&report, None));
     if let Some(path) = &o.json {
         write_report(path, &report)?;
         println!("report: {}", path.display());
@@ -674,21 +673,8 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
 }
 
 /// The JSON report of the rows so far.
-fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, failures: &[Value]) -> Value {
-    let traffic = 2.0 * copy;
-    let rows: Vec<Value> = c
-        .rows
-        .iter()
-        .map(|r| {
-            let s = r.us * 1e-6;
-            let gbs = r.bytes as f64 / s / 1e9;
-            json!({
-                "op": r.op, "shape": r.shape, "dtype": r.dtype, "us": r.us,
-                "tflops": r.flops as f64 / s / 1e12, "gbs": gbs,
-                "bytes": r.bytes, "flops": r.flops, "pct_copy": 100.0 * gbs / traffic,
-            })
-        })
-        .collect();
+fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, hw: &(Option<&Hardware>, String), failures: &[Value]) -> Value {
+    let rows: Vec<Value> = c.rows.iter().map(|r| sol::row_json(&r.op, &r.shape, &r.dtype, r.us, &r.cost, hw.0, 2.0 * copy)).collect();
     json!({
         "schema": "k3-device-bench/1",
         "backend": c.b.name(),
@@ -698,7 +684,9 @@ fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, 
         "iters": o.iters,
         "copy_gbs": copy,
         "copy_source": copy_source,
-        "bytes_model": "inputs read + outputs written + weights read (MoE: picked experts only) + state/cache read and written; pct_copy = gbs / (2 * copy_gbs)",
+        "bytes_model": "each op's speed-of-light cost (kernel_api::cost): inputs read + outputs written + weights read (MoE: picked experts only) + state/cache read and written; pct_copy = gbs / (2 * copy_gbs); pct_floor = floor_us / us",
+        "hardware": hw.0.map(|h| json!({"id": h.id, "name": h.name, "source": hw.1})),
+        "hardware_note": hw.1,
         "failures": failures,
         "rows": rows,
     })
