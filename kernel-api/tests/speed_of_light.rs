@@ -19,6 +19,8 @@ fn floor_us(hw: &str, cost: &Cost) -> f64 {
 
 /// `floor < measured`, and `measured / floor < factor` when a factor is given.
 fn check(what: &str, floor: f64, measured: f64, factor: Option<f64>) {
+    // One line per anchor (`-- --nocapture` shows them; BENCHMARKS.md lists them).
+    println!("anchor | {what} | {measured} µs | {floor:.1} µs | {:.2} | {}", measured / floor, factor.map_or("below".into(), |f| format!("{f}x")));
     assert!(floor < measured, "{what}: floor {floor:.1} µs is not below the measured {measured} µs");
     if let Some(f) = factor {
         assert!(measured / floor < f, "{what}: measured {measured} µs is {:.2}x the floor {floor:.1} µs (limit {f}x)", measured / floor);
