@@ -2,6 +2,7 @@
 //! speed-of-light columns of the device bench report ([`sol`]), side-by-side runs against a peer
 //! on identical inputs ([`peer`]).
 
+pub mod calls;
 pub mod peer;
 pub mod sol;
 

@@ -26,6 +26,7 @@
 //!   topk_weights. Params: `top_k`, `beta` (4), `linear_beta` (25).
 //! - `gemm`: x `[M,K]`, w `[N,K]` -> out `[M,N]`.
 
+use crate::calls::{experts_touched, moe_call, total, KdaDecodeCall, KdaPrefillCall, MlaDecodeCall, MoeCall, MoeInputs, MoePlans};
 use k3_kernels::{GpuBackend, Runtime};
 use kernel_api::conformance::AllOps;
 use kernel_api::cost::Cost;
@@ -122,10 +123,13 @@ impl Case {
     }
 }
 
+/// Named output tensors.
+pub type Outputs = Vec<(String, HostTensor)>;
+
 /// What a case run produced.
 pub struct CaseResult {
     /// Outputs after the first run, with the safetensors dtype in-place tensors came with.
-    pub outputs: Vec<(String, HostTensor)>,
+    pub outputs: Outputs,
     pub times_us: Vec<f64>,
     pub cost: Cost,
 }
@@ -134,20 +138,16 @@ fn up<B: Backend + BackendExt>(b: &B, c: &Case, name: &str) -> Result<DeviceTens
     b.upload_tensor(c.host(name)?)
 }
 
-fn opt_up<B: Backend + BackendExt>(b: &B, c: &Case, name: &str) -> Result<Option<DeviceTensor<B>>> {
-    c.inputs.get(name).map(|s| b.upload_tensor(&s.tensor)).transpose()
-}
-
 /// Runs `run` once on the mutable tensors `m` and reads the outputs with `read`, then times
 /// `warmup` + `iters` more runs.
 fn once_then_time<B: Timer, M>(
     b: &B,
     m: &mut M,
     mut run: impl FnMut(&mut M) -> Result<()>,
-    read: impl FnOnce(&M) -> Result<Vec<(String, HostTensor)>>,
+    read: impl FnOnce(&M) -> Result<Outputs>,
     warmup: usize,
     iters: usize,
-) -> Result<(Vec<(String, HostTensor)>, Vec<f64>)> {
+) -> Result<(Outputs, Vec<f64>)> {
     run(m)?;
     b.synchronize(b.default_stream())?;
     let outputs = read(m)?;
@@ -189,30 +189,22 @@ fn kda_prefill<B: AllOps + Timer>(b: &B, c: &Case, warmup: usize, iters: usize) 
     p.read_initial_state = true;
     p.write_final_state = true;
     let plan = KdaPrefill::plan(b, &p, &KdaPrefillBatch { cu_seqlens: &cu, state_indices: None, checkpoints: None })?;
-    let (q, kk, vv, g, beta) = (up(b, c, "q")?, up(b, c, "k")?, up(b, c, "v")?, up(b, c, "g_raw")?, up(b, c, "beta")?);
-    let (a_log, dt_bias, cu_d) = (up(b, c, "a_log")?, up(b, c, "dt_bias")?, up(b, c, "cu_seqlens")?);
     let io = c.host("q")?.dtype;
-    let mut m = (up(b, c, "state")?, b.zeros(io, &[t, h, v])?, b.workspace(KdaPrefill::workspace_size(b, &plan))?);
-    let run = |(state, out, ws): &mut (DeviceTensor<B>, DeviceTensor<B>, Option<B::Buffer>)| {
-        let args = KdaPrefillArgs {
-            q: q.as_ref(),
-            k: kk.as_ref(),
-            v: vv.as_ref(),
-            g_raw: g.as_ref(),
-            beta: beta.as_ref(),
-            a_log: Some(a_log.as_ref()),
-            dt_bias: Some(dt_bias.as_ref()),
-            cu_seqlens: cu_d.as_ref(),
-            state_indices: None,
-            state: Some(state.as_mut()),
-            checkpoint_offsets: None,
-            checkpoint_state: None,
-            out: out.as_mut(),
-        };
-        KdaPrefill::run(b, &plan, args, ws.as_mut(), b.default_stream())
+    let mut call = KdaPrefillCall {
+        q: up(b, c, "q")?,
+        k: up(b, c, "k")?,
+        v: up(b, c, "v")?,
+        g_raw: up(b, c, "g_raw")?,
+        beta: up(b, c, "beta")?,
+        a_log: up(b, c, "a_log")?,
+        dt_bias: up(b, c, "dt_bias")?,
+        cu_seqlens: up(b, c, "cu_seqlens")?,
+        state: up(b, c, "state")?,
+        out: b.zeros(io, &[t, h, v])?,
+        ws: b.workspace(KdaPrefill::workspace_size(b, &plan))?,
     };
-    let read = |(state, out, _): &(DeviceTensor<B>, DeviceTensor<B>, Option<B::Buffer>)| Ok(vec![("out".into(), b.download_tensor(out)?), ("state".into(), b.download_tensor(state)?)]);
-    let (outputs, times_us) = once_then_time(b, &mut m, run, read, warmup, iters)?;
+    let read = |call: &KdaPrefillCall<B>| Ok(vec![("out".into(), b.download_tensor(&call.out)?), ("state".into(), b.download_tensor(&call.state)?)]);
+    let (outputs, times_us) = once_then_time(b, &mut call, |call| call.run(b, &plan), read, warmup, iters)?;
     Ok(CaseResult { outputs, times_us, cost: p.cost(t, n, io, c.host("state")?.dtype)? })
 }
 
@@ -242,32 +234,30 @@ fn kda_decode<B: AllOps + Timer>(b: &B, c: &Case, warmup: usize, iters: usize) -
     };
     let idx: Vec<i32> = c.host("state_indices")?.to_i64().into_iter().map(|i| i as i32).collect();
     let plan = KdaDecode::plan(b, &p, &KdaDecodeBatch { state_indices: &idx })?;
-    let (x, cw, g, beta) = (up(b, c, "x_qkv")?, up(b, c, "conv_weight")?, up(b, c, "g_raw")?, up(b, c, "beta")?);
-    let (a_log, dt_bias, idx_d) = (up(b, c, "a_log")?, up(b, c, "dt_bias")?, up(b, c, "state_indices")?);
-    let (og, nw) = (opt_up(b, c, "output_gate")?, opt_up(b, c, "norm_weight")?);
     let io = c.host("x_qkv")?.dtype;
-    let mut m = (up(b, c, "conv_state")?, up(b, c, "state")?, b.zeros(io, &[batch, h, v])?, b.workspace(KdaDecode::workspace_size(b, &plan))?);
-    let run = |(conv_state, state, out, ws): &mut (DeviceTensor<B>, DeviceTensor<B>, DeviceTensor<B>, Option<B::Buffer>)| {
-        let args = KdaDecodeArgs {
-            x_qkv: x.as_ref(),
-            conv_weight: cw.as_ref(),
-            conv_state: conv_state.as_mut(),
-            g_raw: g.as_ref(),
-            beta: beta.as_ref(),
-            a_log: Some(a_log.as_ref()),
-            dt_bias: Some(dt_bias.as_ref()),
-            state_indices: idx_d.as_ref(),
-            recurrent_state: state.as_mut(),
-            output_gate: og.as_ref().map(|t| t.as_ref()),
-            norm_weight: nw.as_ref().map(|t| t.as_ref()),
-            out: out.as_mut(),
-        };
-        KdaDecode::run(b, &plan, args, ws.as_mut(), b.default_stream())
+    let norm = if gated { Some((up(b, c, "output_gate")?, up(b, c, "norm_weight")?)) } else { None };
+    let mut call = KdaDecodeCall {
+        x_qkv: up(b, c, "x_qkv")?,
+        conv_weight: up(b, c, "conv_weight")?,
+        conv_state: up(b, c, "conv_state")?,
+        g_raw: up(b, c, "g_raw")?,
+        beta: up(b, c, "beta")?,
+        a_log: up(b, c, "a_log")?,
+        dt_bias: up(b, c, "dt_bias")?,
+        state_indices: up(b, c, "state_indices")?,
+        state: up(b, c, "state")?,
+        norm,
+        out: b.zeros(io, &[batch, h, v])?,
+        ws: b.workspace(KdaDecode::workspace_size(b, &plan))?,
     };
-    let read = |(conv_state, state, out, _): &(DeviceTensor<B>, DeviceTensor<B>, DeviceTensor<B>, Option<B::Buffer>)| {
-        Ok(vec![("out".into(), b.download_tensor(out)?), ("state".into(), b.download_tensor(state)?), ("conv_state".into(), b.download_tensor(conv_state)?)])
+    let read = |call: &KdaDecodeCall<B>| {
+        Ok(vec![
+            ("out".into(), b.download_tensor(&call.out)?),
+            ("state".into(), b.download_tensor(&call.state)?),
+            ("conv_state".into(), b.download_tensor(&call.conv_state)?),
+        ])
     };
-    let (outputs, times_us) = once_then_time(b, &mut m, run, read, warmup, iters)?;
+    let (outputs, times_us) = once_then_time(b, &mut call, |call| call.run(b, &plan), read, warmup, iters)?;
     let cost = p.cost(io, c.host("conv_state")?.dtype, c.host("state")?.dtype)?;
     Ok(CaseResult { outputs, times_us, cost })
 }
@@ -290,15 +280,18 @@ fn mla_decode<B: AllOps + Timer>(b: &B, c: &Case, warmup: usize, iters: usize) -
     let lens: Vec<i32> = c.host("seq_lens")?.to_i64().into_iter().map(|v| v as i32).collect();
     let table: Vec<i32> = c.host("block_table")?.to_i64().into_iter().map(|v| v as i32).collect();
     let plan = MlaDecode::plan(b, &p, &MlaDecodeBatch { seq_lens: &lens, block_table: &table, max_pages_per_seq: per_seq })?;
-    let (q, kv, bt, sl) = (up(b, c, "q")?, up(b, c, "kv_cache")?, up(b, c, "block_table")?, up(b, c, "seq_lens")?);
     let io = c.host("q")?.dtype;
-    let mut m = (b.zeros(io, &[batch, q_len, h, dims.latent])?, b.zeros(DType::F32, &[batch, q_len, h])?, b.workspace(MlaDecode::workspace_size(b, &plan))?);
-    let run = |(out, lse, ws): &mut (DeviceTensor<B>, DeviceTensor<B>, Option<B::Buffer>)| {
-        let args = MlaDecodeArgs { q: q.as_ref(), kv_cache: kv.as_ref(), block_table: bt.as_ref(), seq_lens: sl.as_ref(), out: out.as_mut(), lse: Some(lse.as_mut()) };
-        MlaDecode::run(b, &plan, args, ws.as_mut(), b.default_stream())
+    let mut call = MlaDecodeCall {
+        q: up(b, c, "q")?,
+        kv_cache: up(b, c, "kv_cache")?,
+        block_table: up(b, c, "block_table")?,
+        seq_lens: up(b, c, "seq_lens")?,
+        out: b.zeros(io, &[batch, q_len, h, dims.latent])?,
+        lse: b.zeros(DType::F32, &[batch, q_len, h])?,
+        ws: b.workspace(MlaDecode::workspace_size(b, &plan))?,
     };
-    let read = |(out, lse, _): &(DeviceTensor<B>, DeviceTensor<B>, Option<B::Buffer>)| Ok(vec![("out".into(), b.download_tensor(out)?), ("lse".into(), b.download_tensor(lse)?)]);
-    let (outputs, times_us) = once_then_time(b, &mut m, run, read, warmup, iters)?;
+    let read = |call: &MlaDecodeCall<B>| Ok(vec![("out".into(), b.download_tensor(&call.out)?), ("lse".into(), b.download_tensor(&call.lse)?)]);
+    let (outputs, times_us) = once_then_time(b, &mut call, |call| call.run(b, &plan), read, warmup, iters)?;
     let kv_tokens = lens.iter().map(|&l| l.max(0) as u64).sum();
     Ok(CaseResult { outputs, times_us, cost: p.cost(batch, kv_tokens, io, io)? })
 }
@@ -306,98 +299,31 @@ fn mla_decode<B: AllOps + Timer>(b: &B, c: &Case, warmup: usize, iters: usize) -
 fn moe<B: AllOps + Timer>(b: &B, c: &Case, warmup: usize, iters: usize) -> Result<CaseResult> {
     let [t, d] = c.dims("x")?;
     let [e, two_n, _] = c.dims("w13")?;
-    let n = two_n / 2;
     let top_k = c.usize_param("top_k", 2);
-    let rp = MoeRouterParams::sigmoid(t, d, e, top_k);
-    let rplan = MoeRouter::plan(b, &rp)?;
-    let routing = MoeRouting { tokens: t, top_k, experts: e, block_m: 16 };
-    let aplan = MoeAlign::plan(b, &MoeAlignParams { routing: routing.clone(), global_experts: None })?;
-    let beta = c.f32_param("beta", 4.0);
-    let linear_beta = Some(c.f32_param("linear_beta", 25.0));
-    let stage = |stage, k, nn| MoeGemmParams { routing: routing.clone(), k, n: nn, stage, weights: MoeWeightFormat::Mxfp4, activation_quant: None };
-    let gplan = MoeGroupedGemm::plan(b, &stage(MoeGemmStage::GateUp { beta, linear_beta }, d, n))?;
-    let dplan = MoeGroupedGemm::plan(b, &stage(MoeGemmStage::Down, n, d))?;
-    let cplan = MoeCombine::plan(b, &MoeCombineParams { tokens: t, top_k, hidden: d })?;
-    let (x, rw, bias) = (up(b, c, "x")?, up(b, c, "router_weight")?, up(b, c, "bias")?);
-    let (w13, s13, w2, s2) = (up(b, c, "w13")?, up(b, c, "s13")?, up(b, c, "w2")?, up(b, c, "s2")?);
+    let plans = MoePlans::new(b, t, d, d, two_n / 2, e, top_k, c.f32_param("beta", 4.0), Some(c.f32_param("linear_beta", 25.0)))?;
     let io = c.host("x")?.dtype;
-    let mut m = MoeBufs {
-        ids: b.zeros(DType::I32, &[t, top_k])?,
-        weights: b.zeros(DType::F32, &[t, top_k])?,
-        sorted: b.zeros(DType::I32, &[aplan.max_padded])?,
-        eids: b.zeros(DType::I32, &[aplan.num_blocks])?,
-        ntp: b.zeros(DType::I32, &[1])?,
-        act: b.zeros(io, &[t * top_k, n])?,
-        y: b.zeros(DType::F32, &[t * top_k, d])?,
-        out: b.zeros(io, &[t, d])?,
-        aws: b.workspace(MoeAlign::workspace_size(b, &aplan))?,
-        gws: b.workspace(MoeGroupedGemm::workspace_size(b, &gplan))?,
-        dws: b.workspace(MoeGroupedGemm::workspace_size(b, &dplan))?,
+    let inputs = MoeInputs {
+        x: up(b, c, "x")?,
+        z: None,
+        router_weight: up(b, c, "router_weight")?,
+        bias: up(b, c, "bias")?,
+        w13: up(b, c, "w13")?,
+        s13: up(b, c, "s13")?,
+        w2: up(b, c, "w2")?,
+        s2: up(b, c, "s2")?,
     };
-    let s = b.default_stream();
-    let run = |m: &mut MoeBufs<B>| -> Result<()> {
-        let MoeBufs { ids, weights, sorted, eids, ntp, act, y, out, aws, gws, dws } = m;
-        MoeRouter::run(b, &rplan, MoeRouterArgs { x: x.as_ref(), weight: rw.as_ref(), bias: Some(bias.as_ref()), topk_ids: ids.as_mut(), topk_weights: weights.as_mut() }, None, s)?;
-        let a = MoeAlignArgs { topk_ids: ids.as_ref(), expert_map: None, sorted_token_ids: sorted.as_mut(), expert_ids: eids.as_mut(), num_tokens_post_padded: ntp.as_mut() };
-        MoeAlign::run(b, &aplan, a, aws.as_mut(), s)?;
-        let g = MoeGemmArgs {
-            input: x.as_ref(),
-            weight: w13.as_ref(),
-            weight_scale: Some(s13.as_ref()),
-            sorted_token_ids: sorted.as_ref(),
-            expert_ids: eids.as_ref(),
-            num_tokens_post_padded: ntp.as_ref(),
-            topk_weights: None,
-            out: act.as_mut(),
-        };
-        MoeGroupedGemm::run(b, &gplan, g, gws.as_mut(), s)?;
-        let dn = MoeGemmArgs {
-            input: act.as_ref(),
-            weight: w2.as_ref(),
-            weight_scale: Some(s2.as_ref()),
-            sorted_token_ids: sorted.as_ref(),
-            expert_ids: eids.as_ref(),
-            num_tokens_post_padded: ntp.as_ref(),
-            topk_weights: Some(weights.as_ref()),
-            out: y.as_mut(),
-        };
-        MoeGroupedGemm::run(b, &dplan, dn, dws.as_mut(), s)?;
-        MoeCombine::run(b, &cplan, MoeCombineArgs { y: y.as_ref(), out: out.as_mut() }, None, s)
+    let mut call = moe_call(b, &plans, inputs, io)?;
+    let read = |m: &MoeCall<B>| {
+        Ok(vec![
+            ("out".into(), b.download_tensor(&m.out)?),
+            ("topk_ids".into(), b.download_tensor(&m.topk_ids)?),
+            ("topk_weights".into(), b.download_tensor(&m.topk_weights)?),
+        ])
     };
-    let read = |m: &MoeBufs<B>| Ok(vec![("out".into(), b.download_tensor(&m.out)?), ("topk_ids".into(), b.download_tensor(&m.ids)?), ("topk_weights".into(), b.download_tensor(&m.weights)?)]);
-    let (outputs, times_us) = once_then_time(b, &mut m, run, read, warmup, iters)?;
-    let picked = &outputs[1].1;
-    let mut used = vec![false; e];
-    for i in picked.to_i64() {
-        if let Some(u) = usize::try_from(i).ok().and_then(|i| used.get_mut(i)) {
-            *u = true;
-        }
-    }
-    let touched = used.iter().filter(|&&u| u).count();
-    let parts = [
-        rp.cost(io, c.host("router_weight")?.dtype)?,
-        aplan.params.cost()?,
-        gplan.params.cost(touched, io, io, io)?,
-        dplan.params.cost(touched, io, io, DType::F32)?,
-        cplan.params.cost(DType::F32, io)?,
-    ];
-    let cost = parts.iter().try_fold(Cost::default(), |a, p| a.checked_add(p)).ok_or_else(|| Error::invalid("params", "MoE cost overflows"))?;
+    let (outputs, times_us) = once_then_time(b, &mut call, |m| m.run(b, &plans), read, warmup, iters)?;
+    let touched = experts_touched(&outputs[1].1, e);
+    let cost = total(&plans.costs(touched, io, c.host("router_weight")?.dtype)?)?;
     Ok(CaseResult { outputs, times_us, cost })
-}
-
-/// The mutable buffers of the routed MoE path.
-struct MoeBufs<B: Backend> {
-    ids: DeviceTensor<B>,
-    weights: DeviceTensor<B>,
-    sorted: DeviceTensor<B>,
-    eids: DeviceTensor<B>,
-    ntp: DeviceTensor<B>,
-    act: DeviceTensor<B>,
-    y: DeviceTensor<B>,
-    out: DeviceTensor<B>,
-    aws: Option<B::Buffer>,
-    gws: Option<B::Buffer>,
-    dws: Option<B::Buffer>,
 }
 
 fn gemm<B: AllOps + Timer>(b: &B, c: &Case, warmup: usize, iters: usize) -> Result<CaseResult> {

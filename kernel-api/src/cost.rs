@@ -148,12 +148,6 @@ impl CostBuilder {
         self
     }
 
-    /// Adds a whole cost.
-    pub fn add(mut self, other: &Cost) -> Self {
-        self.cost = self.cost.and_then(|c| c.checked_add(other));
-        self
-    }
-
     pub fn build(self) -> Result<Cost> {
         self.cost.ok_or_else(|| Error::invalid(self.field, "the op's byte or FLOP count overflows u64 (shape too large to model)"))
     }

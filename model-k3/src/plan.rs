@@ -241,7 +241,7 @@ struct Shapes {
 fn shapes(cfg: &K3Config, o: &PlanOptions) -> Result<Shapes> {
     let tp = o.tp;
     let divides = |total: usize, what: &str| -> Result<usize> {
-        if tp == 0 || total % tp != 0 {
+        if tp == 0 || !total.is_multiple_of(tp) {
             return Err(Error::invalid("--tp", format!("{tp} does not divide the {total} {what}")));
         }
         Ok(total / tp)
@@ -252,7 +252,7 @@ fn shapes(cfg: &K3Config, o: &PlanOptions) -> Result<Shapes> {
     let (experts, expert_width) = match o.moe_parallel {
         MoeParallel::Tensor => (moe.num_experts, divides(moe.moe_intermediate_size, "expert width")?),
         MoeParallel::Expert => {
-            if moe.num_experts % tp != 0 {
+            if !moe.num_experts.is_multiple_of(tp) {
                 return Err(Error::invalid("--moe", format!("ep: --tp {tp} does not divide the {} experts", moe.num_experts)));
             }
             (moe.num_experts / tp, moe.moe_intermediate_size)

@@ -35,6 +35,7 @@
 //! shape, dtype, us, tflops, gbs, bytes, flops, flops_by_class, pct_copy, floor_us, pct_floor,
 //! bound}]}` to the JSON file, and a table on stdout.
 
+use k3_benches::calls::{experts_touched, moe_call, total, KdaDecodeCall, KdaPrefillCall, MlaDecodeCall, MoeCall, MoeInputs, MoePlans};
 use k3_benches::sol;
 use k3_kernels::{GpuBackend, Runtime};
 use kernel_api::cost::Cost;
@@ -138,6 +139,8 @@ fn cuda(_: &Opts) -> Result<()> {
 }
 
 type Dev<R> = DeviceTensor<GpuBackend<R>>;
+/// One stage of the routed MoE path (`MoeCall::router`, ...).
+type MoeStage<R> = fn(&mut MoeCall<GpuBackend<R>>, &GpuBackend<R>, &MoePlans) -> Result<()>;
 
 /// `--table FILE`: prints a report's table (floors recomputed for `--hardware` when given).
 fn print_table(o: &Opts) -> Result<()> {
@@ -331,35 +334,20 @@ fn kda_prefill<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, seqs: 
     let batch = KdaPrefillBatch { cu_seqlens: &cu, state_indices: None, checkpoints: None };
     let plan = KdaPrefill::plan(b, &p, &batch)?;
     let bf = DType::BF16;
-    let q = normal(b, bf, &[t, heads, kd], 1.0, 1)?;
-    let k = normal(b, bf, &[t, heads, kd], 1.0, 2)?;
-    let v = normal(b, bf, &[t, heads, kd], 1.0, 3)?;
-    let g = normal(b, bf, &[t, heads, kd], 1.0, 4)?;
-    let beta = normal(b, bf, &[t, heads], 1.0, 5)?;
-    let a_log = normal(b, DType::F32, &[heads], 0.5, 6)?;
-    let dt_bias = normal(b, DType::F32, &[heads * kd], 0.5, 7)?;
-    let cu_d = b.upload_tensor(&HostTensor::from_i64(&[seqs + 1], &cu)?)?;
-    let mut state = normal(b, DType::F32, &[seqs, heads, kd, kd], 0.05, 8)?;
-    let mut out = b.zeros(bf, &[t, heads, kd])?;
-    let mut w = ws(b, KdaPrefill::workspace_size(b, &plan))?;
-    let us = c.time(|| {
-        let args = KdaPrefillArgs {
-            q: q.as_ref(),
-            k: k.as_ref(),
-            v: v.as_ref(),
-            g_raw: g.as_ref(),
-            beta: beta.as_ref(),
-            a_log: Some(a_log.as_ref()),
-            dt_bias: Some(dt_bias.as_ref()),
-            cu_seqlens: cu_d.as_ref(),
-            state_indices: None,
-            state: Some(state.as_mut()),
-            checkpoint_offsets: None,
-            checkpoint_state: None,
-            out: out.as_mut(),
-        };
-        KdaPrefill::run(b, &plan, args, w.as_mut(), b.default_stream())
-    })?;
+    let mut call = KdaPrefillCall {
+        q: normal(b, bf, &[t, heads, kd], 1.0, 1)?,
+        k: normal(b, bf, &[t, heads, kd], 1.0, 2)?,
+        v: normal(b, bf, &[t, heads, kd], 1.0, 3)?,
+        g_raw: normal(b, bf, &[t, heads, kd], 1.0, 4)?,
+        beta: normal(b, bf, &[t, heads], 1.0, 5)?,
+        a_log: normal(b, DType::F32, &[heads], 0.5, 6)?,
+        dt_bias: normal(b, DType::F32, &[heads * kd], 0.5, 7)?,
+        cu_seqlens: b.upload_tensor(&HostTensor::from_i64(&[seqs + 1], &cu)?)?,
+        state: normal(b, DType::F32, &[seqs, heads, kd, kd], 0.05, 8)?,
+        out: b.zeros(bf, &[t, heads, kd])?,
+        ws: ws(b, KdaPrefill::workspace_size(b, &plan))?,
+    };
+    let us = c.time(|| call.run(b, &plan))?;
     c.push("kda_prefill", format!("seqs={seqs} len={len} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, p.cost(t, seqs, bf, DType::F32))
 }
 
@@ -384,36 +372,21 @@ fn kda_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, batch: 
     let idx = permutation(batch, 1, &mut TestRng::new(11));
     let plan = KdaDecode::plan(b, &p, &KdaDecodeBatch { state_indices: &idx })?;
     let bf = DType::BF16;
-    let x = normal(b, bf, &[batch, d], 1.0, 1)?;
-    let cw = normal(b, DType::F32, &[d, w_conv], 0.5, 2)?;
-    let mut conv_state = normal(b, DType::F32, &[slots, d, w_conv - 1], 1.0, 3)?;
-    let g = normal(b, bf, &[batch, heads, kd], 1.0, 4)?;
-    let beta = normal(b, bf, &[batch, heads], 1.0, 5)?;
-    let a_log = normal(b, DType::F32, &[heads], 0.5, 6)?;
-    let dt_bias = normal(b, DType::F32, &[heads * kd], 0.5, 7)?;
-    let idx_d = i32s(b, &[batch], &idx)?;
-    let mut state = normal(b, DType::F32, &[slots, heads, kd, kd], 0.05, 8)?;
-    let og = normal(b, bf, &[batch, heads, kd], 1.0, 9)?;
-    let nw = normal(b, DType::F32, &[kd], 1.0, 10)?;
-    let mut out = b.zeros(bf, &[batch, heads, kd])?;
-    let mut w = ws(b, KdaDecode::workspace_size(b, &plan))?;
-    let us = c.time(|| {
-        let args = KdaDecodeArgs {
-            x_qkv: x.as_ref(),
-            conv_weight: cw.as_ref(),
-            conv_state: conv_state.as_mut(),
-            g_raw: g.as_ref(),
-            beta: beta.as_ref(),
-            a_log: Some(a_log.as_ref()),
-            dt_bias: Some(dt_bias.as_ref()),
-            state_indices: idx_d.as_ref(),
-            recurrent_state: state.as_mut(),
-            output_gate: Some(og.as_ref()),
-            norm_weight: Some(nw.as_ref()),
-            out: out.as_mut(),
-        };
-        KdaDecode::run(b, &plan, args, w.as_mut(), b.default_stream())
-    })?;
+    let mut call = KdaDecodeCall {
+        x_qkv: normal(b, bf, &[batch, d], 1.0, 1)?,
+        conv_weight: normal(b, DType::F32, &[d, w_conv], 0.5, 2)?,
+        conv_state: normal(b, DType::F32, &[slots, d, w_conv - 1], 1.0, 3)?,
+        g_raw: normal(b, bf, &[batch, heads, kd], 1.0, 4)?,
+        beta: normal(b, bf, &[batch, heads], 1.0, 5)?,
+        a_log: normal(b, DType::F32, &[heads], 0.5, 6)?,
+        dt_bias: normal(b, DType::F32, &[heads * kd], 0.5, 7)?,
+        state_indices: i32s(b, &[batch], &idx)?,
+        state: normal(b, DType::F32, &[slots, heads, kd, kd], 0.05, 8)?,
+        norm: Some((normal(b, bf, &[batch, heads, kd], 1.0, 9)?, normal(b, DType::F32, &[kd], 1.0, 10)?)),
+        out: b.zeros(bf, &[batch, heads, kd])?,
+        ws: ws(b, KdaDecode::workspace_size(b, &plan))?,
+    };
+    let us = c.time(|| call.run(b, &plan))?;
     c.push("kda_decode", format!("batch={batch} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, p.cost(bf, DType::F32, DType::F32))
 }
 
@@ -443,23 +416,16 @@ fn mla_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, batch: usize, ctx:
         encode_token(format, dims, &rng.normals(dims.width(), 1.0), cache.kv_scale, tok)?;
     }
     let kv = tiled(b, DType::U8, &[num_pages, page, bpt], &page_bytes)?;
-    let q = normal(b, DType::BF16, &[batch, 1, heads, dims.width()], 1.0, 22)?;
-    let bt = i32s(b, &[batch, pages_per_seq], &table)?;
-    let sl = i32s(b, &[batch], &lens)?;
-    let mut out = b.zeros(DType::BF16, &[batch, 1, heads, dims.latent])?;
-    let mut lse = b.zeros(DType::F32, &[batch, 1, heads])?;
-    let mut w = ws(b, MlaDecode::workspace_size(b, &plan))?;
-    let us = c.time(|| {
-        let args = MlaDecodeArgs {
-            q: q.as_ref(),
-            kv_cache: kv.as_ref(),
-            block_table: bt.as_ref(),
-            seq_lens: sl.as_ref(),
-            out: out.as_mut(),
-            lse: Some(lse.as_mut()),
-        };
-        MlaDecode::run(b, &plan, args, w.as_mut(), b.default_stream())
-    })?;
+    let mut call = MlaDecodeCall {
+        q: normal(b, DType::BF16, &[batch, 1, heads, dims.width()], 1.0, 22)?,
+        kv_cache: kv,
+        block_table: i32s(b, &[batch, pages_per_seq], &table)?,
+        seq_lens: i32s(b, &[batch], &lens)?,
+        out: b.zeros(DType::BF16, &[batch, 1, heads, dims.latent])?,
+        lse: b.zeros(DType::F32, &[batch, 1, heads])?,
+        ws: ws(b, MlaDecode::workspace_size(b, &plan))?,
+    };
+    let us = c.time(|| call.run(b, &plan))?;
     let cost = p.cost(batch, batch as u64 * ctx as u64, DType::BF16, DType::BF16);
     c.push("mla_decode", format!("batch={batch} ctx={ctx} heads={heads} page={page} kernel={:?}", plan.kernel), fname, us, cost)
 }
@@ -469,112 +435,39 @@ fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, u
     let (hidden, l, n, e, k) = dims;
     let bf = DType::BF16;
     let mut rng = TestRng::new(31);
-    let x = normal(b, bf, &[t, hidden], 1.0, 32)?;
-    let router_w = normal(b, bf, &[e, hidden], 0.03, 33)?;
-    let bias = normal(b, DType::F32, &[e], 0.05, 34)?;
-    let z = normal(b, bf, &[t, l], 1.0, 35)?;
-    let w13 = bytes_of(b, &[e, 2 * n, l / 2], || rng.next_u64() as u8)?;
-    let s13 = bytes_of(b, &[e, 2 * n, l / 32], || 121 + rng.below(2) as u8)?;
-    let w2 = bytes_of(b, &[e, l, n / 2], || rng.next_u64() as u8)?;
-    let s2 = bytes_of(b, &[e, l, n / 32], || 121 + rng.below(2) as u8)?;
-
-    let rp = MoeRouterParams::sigmoid(t, hidden, e, k);
-    let rplan = MoeRouter::plan(b, &rp)?;
-    let mut ids = b.zeros(DType::I32, &[t, k])?;
-    let mut weights = b.zeros(DType::F32, &[t, k])?;
-    let routing = MoeRouting { tokens: t, top_k: k, experts: e, block_m: 16 };
-    let aplan = MoeAlign::plan(b, &MoeAlignParams { routing: routing.clone(), global_experts: None })?;
-    let mut sorted = b.zeros(DType::I32, &[aplan.max_padded])?;
-    let mut expert_ids = b.zeros(DType::I32, &[aplan.num_blocks])?;
-    let mut ntp = b.zeros(DType::I32, &[1])?;
-    let mut aws = ws(b, MoeAlign::workspace_size(b, &aplan))?;
-    let stage = |stage, kk, nn| MoeGemmParams { routing: routing.clone(), k: kk, n: nn, stage, weights: MoeWeightFormat::Mxfp4, activation_quant: None };
-    let gplan = MoeGroupedGemm::plan(b, &stage(MoeGemmStage::GateUp { beta: 4.0, linear_beta: Some(25.0) }, l, n))?;
-    let dplan = MoeGroupedGemm::plan(b, &stage(MoeGemmStage::Down, n, l))?;
-    let mut a = b.zeros(bf, &[t * k, n])?;
-    let mut y = b.zeros(DType::F32, &[t * k, l])?;
-    let mut gws = ws(b, MoeGroupedGemm::workspace_size(b, &gplan))?;
-    let mut dws = ws(b, MoeGroupedGemm::workspace_size(b, &dplan))?;
-    let cplan = MoeCombine::plan(b, &MoeCombineParams { tokens: t, top_k: k, hidden: l })?;
-    let mut r = b.zeros(bf, &[t, l])?;
-    let s = b.default_stream();
-
-    let router = |ids: &mut Dev<R>, weights: &mut Dev<R>| {
-        let args = MoeRouterArgs { x: x.as_ref(), weight: router_w.as_ref(), bias: Some(bias.as_ref()), topk_ids: ids.as_mut(), topk_weights: weights.as_mut() };
-        MoeRouter::run(b, &rplan, args, None, s)
+    let inputs = MoeInputs {
+        x: normal(b, bf, &[t, hidden], 1.0, 32)?,
+        router_weight: normal(b, bf, &[e, hidden], 0.03, 33)?,
+        bias: normal(b, DType::F32, &[e], 0.05, 34)?,
+        z: Some(normal(b, bf, &[t, l], 1.0, 35)?),
+        w13: bytes_of(b, &[e, 2 * n, l / 2], || rng.next_u64() as u8)?,
+        s13: bytes_of(b, &[e, 2 * n, l / 32], || 121 + rng.below(2) as u8)?,
+        w2: bytes_of(b, &[e, l, n / 2], || rng.next_u64() as u8)?,
+        s2: bytes_of(b, &[e, l, n / 32], || 121 + rng.below(2) as u8)?,
     };
-    let align = |ids: &Dev<R>, sorted: &mut Dev<R>, eids: &mut Dev<R>, ntp: &mut Dev<R>, aws: &mut Option<R::Buffer>| {
-        let args = MoeAlignArgs { topk_ids: ids.as_ref(), expert_map: None, sorted_token_ids: sorted.as_mut(), expert_ids: eids.as_mut(), num_tokens_post_padded: ntp.as_mut() };
-        MoeAlign::run(b, &aplan, args, aws.as_mut(), s)
-    };
-    let gate_up = |sorted: &Dev<R>, eids: &Dev<R>, ntp: &Dev<R>, a: &mut Dev<R>, gws: &mut Option<R::Buffer>| {
-        let args = MoeGemmArgs {
-            input: z.as_ref(),
-            weight: w13.as_ref(),
-            weight_scale: Some(s13.as_ref()),
-            sorted_token_ids: sorted.as_ref(),
-            expert_ids: eids.as_ref(),
-            num_tokens_post_padded: ntp.as_ref(),
-            topk_weights: None,
-            out: a.as_mut(),
-        };
-        MoeGroupedGemm::run(b, &gplan, args, gws.as_mut(), s)
-    };
-    let down = |sorted: &Dev<R>, eids: &Dev<R>, ntp: &Dev<R>, a: &Dev<R>, weights: &Dev<R>, y: &mut Dev<R>, dws: &mut Option<R::Buffer>| {
-        let args = MoeGemmArgs {
-            input: a.as_ref(),
-            weight: w2.as_ref(),
-            weight_scale: Some(s2.as_ref()),
-            sorted_token_ids: sorted.as_ref(),
-            expert_ids: eids.as_ref(),
-            num_tokens_post_padded: ntp.as_ref(),
-            topk_weights: Some(weights.as_ref()),
-            out: y.as_mut(),
-        };
-        MoeGroupedGemm::run(b, &dplan, args, dws.as_mut(), s)
-    };
-    let combine = |y: &Dev<R>, r: &mut Dev<R>| MoeCombine::run(b, &cplan, MoeCombineArgs { y: y.as_ref(), out: r.as_mut() }, None, s);
+    let plans = MoePlans::new(b, t, hidden, l, n, e, k, 4.0, Some(25.0))?;
+    let mut call = moe_call(b, &plans, inputs, bf)?;
 
     // One pass to learn which experts the router picks (the weight bytes the GEMMs must read).
-    router(&mut ids, &mut weights)?;
-    b.synchronize(s)?;
-    let picked = b.download_tensor(&ids)?.to_i64();
-    let mut used = vec![false; e];
-    for &i in &picked {
-        if let Some(u) = usize::try_from(i).ok().and_then(|i| used.get_mut(i)) {
-            *u = true;
-        }
-    }
-    let distinct = used.iter().filter(|&&u| u).count();
-    let route_cost = rp.cost(bf, bf);
-    let align_cost = MoeAlignParams { routing: routing.clone(), global_experts: None }.cost();
-    let gu_cost = gplan.params.cost(distinct, bf, bf, bf);
-    let dn_cost = dplan.params.cost(distinct, bf, bf, DType::F32);
-    let cb_cost = cplan.params.cost(DType::F32, bf);
-    let total = [&route_cost, &align_cost, &gu_cost, &dn_cost, &cb_cost]
-        .into_iter()
-        .try_fold(Cost::default(), |acc, c| Ok::<_, Error>(acc.checked_add(c.as_ref().map_err(Clone::clone)?).ok_or_else(|| Error::invalid("params", "MoE cost overflows"))?));
+    call.router(b, &plans)?;
+    b.synchronize(b.default_stream())?;
+    let distinct = experts_touched(&b.download_tensor(&call.topk_ids)?, e);
+    let costs = plans.costs(distinct, bf, bf)?;
     let shape = format!("tokens={t} hidden={hidden} latent={l} n={n} experts={e} top_k={k} picked={distinct}");
     let dt = "bf16 act, mxfp4 experts";
-
-    let us = c.time(|| router(&mut ids, &mut weights))?;
-    c.push("moe_router", shape.clone(), "bf16 x/weight, f32 scores", us, route_cost)?;
-    let us = c.time(|| align(&ids, &mut sorted, &mut expert_ids, &mut ntp, &mut aws))?;
-    c.push("moe_align", shape.clone(), "i32", us, align_cost)?;
-    let us = c.time(|| gate_up(&sorted, &expert_ids, &ntp, &mut a, &mut gws))?;
-    c.push("moe_gemm_gate_up", shape.clone(), dt, us, gu_cost)?;
-    let us = c.time(|| down(&sorted, &expert_ids, &ntp, &a, &weights, &mut y, &mut dws))?;
-    c.push("moe_gemm_down", shape.clone(), dt, us, dn_cost)?;
-    let us = c.time(|| combine(&y, &mut r))?;
-    c.push("moe_combine", shape.clone(), "f32 in, bf16 out", us, cb_cost)?;
-    let us = c.time(|| {
-        router(&mut ids, &mut weights)?;
-        align(&ids, &mut sorted, &mut expert_ids, &mut ntp, &mut aws)?;
-        gate_up(&sorted, &expert_ids, &ntp, &mut a, &mut gws)?;
-        down(&sorted, &expert_ids, &ntp, &a, &weights, &mut y, &mut dws)?;
-        combine(&y, &mut r)
-    })?;
-    c.push("moe", shape, dt, us, total)
+    let stages: [(&str, &str, MoeStage<R>); 5] = [
+        ("moe_router", "bf16 x/weight, f32 scores", MoeCall::router),
+        ("moe_align", "i32", MoeCall::align),
+        ("moe_gemm_gate_up", dt, MoeCall::gate_up),
+        ("moe_gemm_down", dt, MoeCall::down),
+        ("moe_combine", "f32 in, bf16 out", MoeCall::combine),
+    ];
+    for ((op, dtype, stage), cost) in stages.into_iter().zip(costs) {
+        let us = c.time(|| stage(&mut call, b, &plans))?;
+        c.push(op, shape.clone(), dtype, us, Ok(cost))?;
+    }
+    let us = c.time(|| call.run(b, &plans))?;
+    c.push("moe", shape, dt, us, total(&costs))
 }
 
 /// `out = x · Wᵀ` in bf16 through the contract's `Gemm`, once per route of the runtime (on
