@@ -27,8 +27,8 @@ fn check(what: &str, floor: f64, measured: f64, factor: Option<f64>) {
     }
 }
 
-fn kda_decode(batch: usize, heads: usize) -> Cost {
-    let p = KdaDecodeParams {
+fn kda_decode_params(batch: usize, heads: usize) -> KdaDecodeParams {
+    KdaDecodeParams {
         batch,
         heads,
         head_k: 128,
@@ -41,9 +41,12 @@ fn kda_decode(batch: usize, heads: usize) -> Cost {
         qk_l2norm: true,
         scale: None,
         output_norm: KdaOutputNorm::GatedRmsNorm { eps: 1e-5 },
-    };
+    }
+}
+
+fn kda_decode(batch: usize, heads: usize) -> Cost {
     // vLLM's fused_kda_decode: bf16 activations and conv state, fp32 recurrent state.
-    p.cost(DType::BF16, DType::BF16, DType::F32).unwrap()
+    kda_decode_params(batch, heads).cost(DType::BF16, DType::BF16, DType::F32).unwrap()
 }
 
 #[test]
@@ -186,6 +189,16 @@ fn huge_shapes_are_errors_not_wrapped_numbers() {
     assert!(p.cost(usize::MAX, 1, DType::BF16, DType::F32).is_err());
     let k3 = MlaPrefillParams::k3(12);
     assert!(k3.cost(1, 1 << 40, 1 << 40, DType::BF16).is_err());
+    assert!(k3.cost(usize::MAX, usize::MAX, usize::MAX, DType::BF16).is_err());
+    let cache = MlaPagedCache { dims: KvDims::K3, format: KvCacheFormat::Bf16, page_size: 1, num_pages: 1, kv_scale: 1.0 };
+    let mla = MlaDecodeParams { cache, heads: 12, q_len: 16, softmax_scale: 0.07, variant: MlaDecodeVariant::Auto, splits: MlaSplitPolicy::Auto };
+    assert!(mla.cost(usize::MAX, u64::MAX, DType::BF16, DType::BF16).is_err());
+    let dec = KdaDecodeParams { batch: usize::MAX, ..kda_decode_params(1, 12) };
+    assert!(dec.cost(DType::BF16, DType::BF16, DType::F32).is_err());
+    let r = MoeRouting { tokens: usize::MAX, top_k: 16, experts: 896, block_m: 16 };
+    let g = MoeGemmParams { routing: r.clone(), k: 3584, n: 384, stage: MoeGemmStage::Down, weights: MoeWeightFormat::Mxfp4, activation_quant: None };
+    assert!(g.cost(896, DType::BF16, DType::BF16, DType::F32).is_err());
+    assert!(MoeAlignParams { routing: r, global_experts: None }.cost().is_err());
     // Causal pairs: query i of 3 sees 5 - 3 + i + 1 keys: 3 + 4 + 5 = 12.
     let c = MlaPrefillParams { heads: 1, qk_dim: 1, v_dim: 1, softmax_scale: 1.0, causal: true }.cost(1, 3, 5, DType::BF16).unwrap();
     assert_eq!(c.flops(kernel_api::cost::MathClass::Bf16Matrix), 12 * 2 * 2);

@@ -493,7 +493,7 @@ impl MlaDecodeParams {
             .bytes(&[b, ql, h, width, elem_bytes(q)])
             .bytes(&[b, ql, h, lat, elem_bytes(out)])
             .bytes(&[b, ql, h, 4])
-            .bytes(&[kv_tokens / page + b, 4])
+            .bytes(&[(kv_tokens / page).saturating_add(b), 4])
             .bytes(&[b, 4])
             .flops(matrix_class(q, DType::BF16), &[seen, h, 2, width.saturating_add(lat)])
             .flops(MathClass::Vector, &[seen, h, 5])

@@ -291,12 +291,11 @@ impl MlaPrefillParams {
         let (n, q, kv, h) = (dim(seqs), dim(q_per_seq) as u128, dim(kv_per_seq) as u128, dim(self.heads));
         let pairs = if self.causal {
             // Query i (0-based) sees kv - q + i + 1 keys (none when that is <= 0).
-            let first = kv as i128 - q as i128 + 1;
-            sum_clamped(first, q)
+            sum_clamped(kv as i128 - q as i128 + 1, q)
         } else {
-            q * kv
+            q.checked_mul(kv)
         };
-        let pairs = u64::try_from(pairs).map_err(|_| Error::invalid("params", "query-key pairs overflow u64"))?;
+        let pairs = pairs.and_then(|p| u64::try_from(p).ok()).ok_or_else(|| Error::invalid("params", "query-key pairs overflow u64"))?;
         let s = elem_bytes(io);
         let (qk, v) = (dim(self.qk_dim), dim(self.v_dim));
         CostBuilder::new("params")
@@ -310,14 +309,18 @@ impl MlaPrefillParams {
     }
 }
 
-/// Σ_{i=0}^{q-1} max(0, first + i).
-fn sum_clamped(first: i128, q: u128) -> u128 {
-    let q = q as i128;
+/// Σ_{i=0}^{q-1} max(0, first + i), `None` when it does not fit.
+fn sum_clamped(first: i128, q: u128) -> Option<u128> {
+    let q = i128::try_from(q).ok()?;
     // Terms are positive from i0 = max(0, 1 - first) on.
     let i0 = (1 - first).clamp(0, q);
     let (lo, hi) = (first + i0, first + q - 1);
     if hi < lo {
-        return 0;
+        return Some(0);
     }
-    ((lo + hi) * (hi - lo + 1) / 2) as u128
+    let n = u128::try_from(hi - lo + 1).ok()?;
+    let (lo, hi) = (u128::try_from(lo).ok()?, u128::try_from(hi).ok()?);
+    // (lo + hi)·n is even: halve the even factor first so the product cannot overflow early.
+    let sum = lo.checked_add(hi)?;
+    if sum % 2 == 0 { (sum / 2).checked_mul(n) } else { sum.checked_mul(n / 2) }
 }
