@@ -20,10 +20,10 @@ import os
 import sys
 import tempfile
 
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import k3peer  # noqa: E402
+from k3peer import np  # noqa: E402  (numpy, with a clear message when missing)
 
 # (name, op, params, shape text, input maker)
 CASES = [

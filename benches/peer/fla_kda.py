@@ -31,10 +31,10 @@ import json
 import os
 import sys
 
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import k3peer  # noqa: E402
+from k3peer import np  # noqa: E402  (numpy, with a clear message when missing)
 
 PREFILL = [(96, 1, 8192), (96, 8, 1024), (12, 1, 8192), (12, 8, 1024)]
 DECODE = [(12, 1), (12, 64), (12, 1024)]

@@ -13,7 +13,10 @@ import struct
 import subprocess
 import time
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    raise SystemExit("numpy is needed for the side-by-side scripts (pip install numpy)")
 
 # ---- safetensors (format: u64 header length, JSON header, raw little-endian bytes) ----------
 
