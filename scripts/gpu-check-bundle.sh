@@ -2,7 +2,7 @@
 # Builds, on a machine WITHOUT a GPU, everything scripts/gpu-check.sh runs on a GPU machine that
 # has no Rust toolchain (the project's lent H200 has CUDA and Python but no cargo, and no network):
 # release binaries with the op kernels compiled by nvcc for the card's arch and embedded as
-# cubins, stripped and packed into gpu-check-bundle/bundle.tar.xz (git-ignored, about 14 MB).
+# cubins, stripped and packed into gpu-check-bundle/bundle.tar.xz (git-ignored, about 18 MB with the fla-core wheel).
 # Copy or carry that folder to the GPU machine; gpu-check.sh unpacks and runs it.
 #
 #   bash scripts/gpu-check-bundle.sh            # K3_CUDA_ARCHS defaults to 90a (H100 / H200)
