@@ -27,26 +27,9 @@ fn check(what: &str, floor: f64, measured: f64, factor: Option<f64>) {
     }
 }
 
-fn kda_decode_params(batch: usize, heads: usize) -> KdaDecodeParams {
-    KdaDecodeParams {
-        batch,
-        heads,
-        head_k: 128,
-        head_v: 128,
-        conv_width: 4,
-        state_slots: batch + 1,
-        state_layout: KdaStateLayout::VMajor,
-        gate: KdaGateMode::LowerBound { lower_bound: -5.0 },
-        beta_sigmoid: true,
-        qk_l2norm: true,
-        scale: None,
-        output_norm: KdaOutputNorm::GatedRmsNorm { eps: 1e-5 },
-    }
-}
-
 fn kda_decode(batch: usize, heads: usize) -> Cost {
     // vLLM's fused_kda_decode: bf16 activations and conv state, fp32 recurrent state.
-    kda_decode_params(batch, heads).cost(DType::BF16, DType::BF16, DType::F32).unwrap()
+    KdaDecodeParams::k3(batch, heads).cost(DType::BF16, DType::BF16, DType::F32).unwrap()
 }
 
 #[test]
@@ -193,7 +176,7 @@ fn huge_shapes_are_errors_not_wrapped_numbers() {
     let cache = MlaPagedCache { dims: KvDims::K3, format: KvCacheFormat::Bf16, page_size: 1, num_pages: 1, kv_scale: 1.0 };
     let mla = MlaDecodeParams { cache, heads: 12, q_len: 16, softmax_scale: 0.07, variant: MlaDecodeVariant::Auto, splits: MlaSplitPolicy::Auto };
     assert!(mla.cost(usize::MAX, u64::MAX, DType::BF16, DType::BF16).is_err());
-    let dec = KdaDecodeParams { batch: usize::MAX, ..kda_decode_params(1, 12) };
+    let dec = KdaDecodeParams { batch: usize::MAX, ..KdaDecodeParams::k3(1, 12) };
     assert!(dec.cost(DType::BF16, DType::BF16, DType::F32).is_err());
     let r = MoeRouting { tokens: usize::MAX, top_k: 16, experts: 896, block_m: 16 };
     let g = MoeGemmParams { routing: r.clone(), k: 3584, n: 384, stage: MoeGemmStage::Down, weights: MoeWeightFormat::Mxfp4, activation_quant: None };

@@ -341,18 +341,12 @@ fn phase(cfg: &K3Config, o: &PlanOptions, s: &Shapes, ph: Phase, t: usize, kv_to
     match (ph, o.draft_tokens) {
         (Phase::Decode, 0) => {
             let dec = KdaDecodeParams {
-                batch: t,
-                heads: hk,
                 head_k: kd,
                 head_v: kd,
                 conv_width: cfg.kda.conv_kernel,
-                state_slots: t + 1,
-                state_layout: KdaStateLayout::VMajor,
                 gate: pre.gate,
-                beta_sigmoid: true,
-                qk_l2norm: true,
-                scale: None,
                 output_norm: KdaOutputNorm::GatedRmsNorm { eps: cfg.rms_norm_eps },
+                ..KdaDecodeParams::k3(t, hk)
             };
             p.add(hw, &kda_g, "kda_decode (conv, gate, delta rule, gated norm)", dec.cost(BF, BF, o.kda_state), kda_n)?;
         }

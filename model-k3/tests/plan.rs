@@ -139,20 +139,7 @@ fn plan_rows_are_the_ops_own_costs() {
     let cache = 24 * 16 * 65536 * 1152u64;
     assert!(mla.cost.bytes > cache && mla.cost.bytes < cache + cache / 100, "{}", mla.cost.bytes);
     // KDA decode: the op's own cost at TP8 (12 heads), 69 times.
-    let dec = KdaDecodeParams {
-        batch: 16,
-        heads: 12,
-        head_k: 128,
-        head_v: 128,
-        conv_width: 4,
-        state_slots: 17,
-        state_layout: KdaStateLayout::VMajor,
-        gate: KdaGateMode::LowerBound { lower_bound: -5.0 },
-        beta_sigmoid: true,
-        qk_l2norm: true,
-        scale: None,
-        output_norm: KdaOutputNorm::GatedRmsNorm { eps: 1e-5 },
-    };
+    let dec = KdaDecodeParams::k3(16, 12);
     let one = dec.cost(DType::BF16, DType::BF16, DType::F32).unwrap();
     assert_eq!(row("kda_decode").cost, one.checked_mul(69).unwrap());
     // Longer context, more draft tokens: never a lower floor.

@@ -74,6 +74,26 @@ pub struct KdaDecodeParams {
 }
 
 impl KdaDecodeParams {
+    /// K3's fused decode of `batch` rows over `heads` heads (96 / TP): K = V = 128, conv width 4,
+    /// pools of `batch + 1` slots (null slot 0), V-major state (the vLLM / FlashInfer pool
+    /// layout), lower-bound gate −5, β logits, q/k L2 norm, scale K^-1/2, gated RMSNorm ε 1e-5.
+    pub fn k3(batch: usize, heads: usize) -> Self {
+        KdaDecodeParams {
+            batch,
+            heads,
+            head_k: 128,
+            head_v: 128,
+            conv_width: 4,
+            state_slots: batch.saturating_add(1),
+            state_layout: KdaStateLayout::VMajor,
+            gate: KdaGateMode::LowerBound { lower_bound: -5.0 },
+            beta_sigmoid: true,
+            qk_l2norm: true,
+            scale: None,
+            output_norm: KdaOutputNorm::GatedRmsNorm { eps: 1e-5 },
+        }
+    }
+
     /// Packed channels D = H·(2K + V).
     pub fn channels(&self) -> usize {
         self.heads * (2 * self.head_k + self.head_v)
