@@ -174,9 +174,14 @@ pub fn by_id(id: &str, field: &str) -> Result<&'static Hardware> {
     })
 }
 
-/// The part a driver's device name (`NVIDIA H200`, `AMD Instinct MI300X`) denotes, if any.
+/// The part a driver's device name (`NVIDIA H200`, `AMD Instinct MI300X`) denotes, if any. An
+/// emulated device (the driver stand-ins name the part they impersonate) denotes none: a floor
+/// next to an emulator's timing would read as a GPU figure.
 pub fn match_device_name(name: &str) -> Option<&'static Hardware> {
     let n = name.to_ascii_lowercase();
+    if n.contains("emulat") || n.contains("stand-in") {
+        return None;
+    }
     HARDWARE.iter().find(|h| n.contains(h.name_contains) && !h.name_excludes.iter().any(|x| n.contains(x)))
 }
 
@@ -262,6 +267,7 @@ mod tests {
         assert_eq!(id("AMD Instinct MI300X"), Some("mi300x"));
         assert_eq!(id("AMD Instinct MI355X"), Some("mi355x"));
         assert_eq!(id("simt32 emulator"), None);
+        assert_eq!(id("k3 stand-in (emulated NVIDIA H200, sm_90a)"), None);
         assert_eq!(by_id("B300", "--hardware").unwrap().id, "b300");
         assert_eq!(by_id("a100", "--hardware").unwrap_err().field(), Some("--hardware"));
     }
