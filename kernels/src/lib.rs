@@ -11,16 +11,20 @@
 //! - [`device_checks`]: checked launches. Kernels bound-check the index data they read from
 //!   device memory and record the first violation per stream; the backend reports it as a typed
 //!   error at the next synchronising call (`K3_DEVICE_CHECKS=off` opts out).
+//! - [`recording`]: a [`Runtime`] that runs nothing and records every launch, for reading the
+//!   launch configurations of any op at any shape without a GPU.
 //!
 //! This crate depends on no toolkit: backends compile or load the sources themselves.
 
 pub mod device_checks;
 pub mod gpu_backend;
 mod ops;
+pub mod recording;
 pub mod runtime;
 
 pub use device_checks::{DeviceChecks, DeviceViolation};
 pub use gpu_backend::{dtype_code, GpuBackend};
+pub use recording::{RecordedLaunch, RecordingRuntime};
 pub use runtime::{
     check_range, DevicePtr, Dim3, ImageFormat, KernelArg, KernelArgs, LaunchConfig, MatrixOperand, ModuleImage, Runtime,
     VendorGemmArgs,

@@ -5,6 +5,7 @@
 //! - [`checkpoint`]: HF-layout loading (index, memory-mapped shards, header-only open);
 //! - [`inspect`]: checkpoint conformance against the config;
 //! - [`tiny`]: the deterministic tiny checkpoint generator;
+//! - [`plan`]: `k3 plan`, the speed-of-light floors of a K3 decode step and prefill per GPU;
 //! - [`op_cli`]: `k3 op`, one op on tensors from a safetensors file (reproduction packages).
 
 pub mod cache;
@@ -17,6 +18,7 @@ pub mod inspect;
 pub mod inventory;
 pub mod model;
 pub mod op_cli;
+pub mod plan;
 pub mod runner;
 pub mod tiny;
 pub mod weights;
