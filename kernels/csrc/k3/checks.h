@@ -87,17 +87,21 @@ enum CheckSite : int {
   kCheckEmbeddingIds = 23,
 };
 
-// Records a violation unless one is already recorded (cold path: only reached on bad data).
-// Out of line on the GPUs: inlined, its atomic and stores changed the register allocation of hot
-// kernels (sm_90a mla_decode_gluon_mma: 128 registers and 220 bytes of spills instead of 182
-// and none; gfx942 moe_gemm_grouped: 64 VGPRs instead of 54). As a call it costs nothing until
-// a violation happens.
+// Out of line on the GPUs: recording a violation (the cold path). Inlined, its atomic and stores
+// changed the register allocation of hot kernels (sm_90a mla_decode_gluon_mma: 128 registers and
+// 220 bytes of spills instead of 182 and none; gfx942 moe_gemm_grouped: 64 VGPRs instead of 54).
+// As a call it costs nothing until a violation happens. (block_unique below stays inline: as a
+// call with barriers it cost sm_90a causal_conv1d_varlen_fwd 70 registers instead of 45.)
 #if K3_TARGET_HIP
-__attribute__((noinline))
+#define K3_CHECK_OUT_OF_LINE __attribute__((noinline))
 #elif K3_TARGET_CUDA
-__noinline__
+#define K3_CHECK_OUT_OF_LINE __noinline__
+#else
+#define K3_CHECK_OUT_OF_LINE
 #endif
-K3_DEVICE void record_violation(ErrorRecord* err, int site, int kind, int64_t row, int64_t col, int64_t value,
+
+// Records a violation unless one is already recorded (cold path: only reached on bad data).
+K3_CHECK_OUT_OF_LINE K3_DEVICE void record_violation(ErrorRecord* err, int site, int kind, int64_t row, int64_t col, int64_t value,
                                 int64_t lo, int64_t hi) {
   if (err == nullptr) return;
   if (*static_cast<volatile int*>(&err->flag) != 0) return;  // already set: skip the atomic
@@ -159,14 +163,15 @@ K3_DEVICE bool block_all(const ErrorRecord* err, bool ok) {
 // is the only entry holding v; entries equal to `ignore` (a null slot) are never compared.
 // Block-cooperative: every thread of the block calls it with the same arguments, each reads
 // n / blockDim entries. Records a kCheckDuplicate naming the other entry.
-K3_DEVICE bool block_unique(ErrorRecord* err, int site, const void* idx, int dt, int64_t stride, int64_t n, int64_t self,
-                            int64_t v, int64_t ignore) {
+// n is a batch size (an int: 64-bit trip counts made ptxas call a 64-bit division).
+K3_DEVICE bool block_unique(ErrorRecord* err, int site, const void* idx, int dt, int64_t stride, int n, int self, int64_t v,
+                            int64_t ignore) {
   if (err == nullptr) return true;
   bool ok = true;
   if (v != ignore) {
-    const int64_t nt = static_cast<int64_t>(block_dim_x()) * block_dim_y() * block_dim_z();
-    const int64_t tid = (static_cast<int64_t>(thread_idx_z()) * block_dim_y() + thread_idx_y()) * block_dim_x() + thread_idx_x();
-    for (int64_t j = tid; j < n; j += nt) {
+    const int nt = static_cast<int>(block_dim_x() * block_dim_y() * block_dim_z());
+    const int tid = static_cast<int>((thread_idx_z() * block_dim_y() + thread_idx_y()) * block_dim_x() + thread_idx_x());
+    for (int j = tid; j < n; j += nt) {
       if (j != self && load_index(idx, dt, j * stride) == v) {
         record_violation(err, site, kCheckDuplicate, self > j ? self : j, -1, v, self > j ? j : self, 0);
         ok = false;
