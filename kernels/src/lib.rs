@@ -6,7 +6,8 @@
 //!   test kernels.
 //! - [`runtime`]: the [`Runtime`] trait every GPU-ish backend implements (memory, copies,
 //!   modules, launches by kernel name with cuLaunchKernel-style parameters, streams, events,
-//!   and an optional vendor-BLAS hook for the dense GEMM: cuBLASLt on CUDA). Op launchers are
+//!   and an optional vendor-BLAS hook for the dense GEMM: cuBLASLt on CUDA, hipBLASLt on ROCm;
+//!   [`vendor_gemm`] holds what both hooks share). Op launchers are
 //!   written once against it and shared by CUDA, ROCm and SIMT.
 //!
 //! This crate depends on no toolkit: backends compile or load the sources themselves.
@@ -14,6 +15,7 @@
 pub mod gpu_backend;
 mod ops;
 pub mod runtime;
+pub mod vendor_gemm;
 
 pub use gpu_backend::{dtype_code, GpuBackend};
 pub use runtime::{
