@@ -74,6 +74,18 @@ pub fn embedded_processors() -> Vec<&'static str> {
     out
 }
 
+/// Kernel names a source registers with `K3_EXPORT(name)` (the dialect's registration macro),
+/// inside preprocessor conditionals too: the kernels a build of the file may contain, so a
+/// lookup asks only the modules that can have the kernel.
+pub fn declared_kernels(source: &str) -> Vec<String> {
+    source
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("K3_EXPORT(").and_then(|rest| rest.split(')').next()).map(str::trim))
+        .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .map(str::to_string)
+        .collect()
+}
+
 /// An ELF file for the AMDGPU machine (EM_AMDGPU = 224): what an HSA code object is.
 pub fn is_amdgpu_elf(bytes: &[u8]) -> bool {
     bytes.len() > 20 && bytes[..4] == *b"\x7fELF" && u16::from_le_bytes([bytes[18], bytes[19]]) == 224
@@ -88,6 +100,11 @@ mod tests {
         assert!(source("k3/compat.h").is_some_and(|s| s.contains("K3_COMPAT_H")));
         assert!(KernelSet::Tests.files().contains(&"tests/reduce.cu"));
         assert!(KernelSet::Ops.files().iter().all(|f| f.starts_with("ops/") && f.ends_with(".cu")));
+        assert_eq!(declared_kernels(source("tests/reduce.cu").unwrap()), ["block_reduce"]);
+        // The macro's definitions in the dialect headers are not registrations.
+        assert!(declared_kernels(source("k3/detail/target_hip.h").unwrap()).is_empty());
+        let conditional = "K3_EXPORT(a);\n#if K3_WARP_SIZE == 64\nK3_EXPORT(b);\n#endif\n// K3_EXPORT(c);\n";
+        assert_eq!(declared_kernels(conditional), ["a", "b"]);
     }
 
     #[test]

@@ -232,7 +232,7 @@ impl RocmRuntime {
             if let Some(img) = image {
                 match self.load_image(img, ImageFormat::Hsaco, file) {
                     Ok(m) => {
-                        inner.parts.push(Part { file: file.to_string(), module: m });
+                        inner.parts.push(Part::of_file(file, m));
                         origins.push((file.to_string(), KernelOrigin::Embedded));
                         continue;
                     }
@@ -260,7 +260,7 @@ impl RocmRuntime {
                 }
                 Err(e) => return Err(e),
             };
-            inner.parts.push(Part { file: file.to_string(), module: m });
+            inner.parts.push(Part::of_file(file, m));
             origins.push((file.to_string(), KernelOrigin::Compiled(outcome)));
         }
         Ok((RocmModule(Arc::new(inner)), origins))
@@ -442,6 +442,20 @@ impl fmt::Debug for RocmEvent {
 struct Part {
     file: String,
     module: sys::hipModule_t,
+    /// The kernels its source registers (`kernels::declared_kernels`); `None` for an image
+    /// loaded by `load_module`, whose contents are unknown.
+    declared: Option<Vec<String>>,
+}
+
+impl Part {
+    fn of_file(file: &str, module: sys::hipModule_t) -> Self {
+        Part { file: file.to_string(), module, declared: Some(kernels::source(file).map(kernels::declared_kernels).unwrap_or_default()) }
+    }
+
+    /// Whether the module may hold kernel `name`.
+    fn may_have(&self, name: &str) -> bool {
+        self.declared.as_ref().is_none_or(|d| d.iter().any(|k| k == name))
+    }
 }
 
 struct ModuleInner {
@@ -602,7 +616,7 @@ impl Runtime for RocmRuntime {
 
     fn load_module(&self, image: &ModuleImage<'_>) -> Result<RocmModule> {
         let m = self.load_image(image.bytes, image.format, image.name)?;
-        let part = Part { file: image.name.to_string(), module: m };
+        let part = Part { file: image.name.to_string(), module: m, declared: None };
         Ok(RocmModule(Arc::new(ModuleInner { name: image.name.to_string(), parts: vec![part], dev: self.dev.clone() })))
     }
 
@@ -610,7 +624,7 @@ impl Runtime for RocmRuntime {
         let cname = CString::new(name).map_err(|_| Error::invalid("name", "kernel name contains a NUL byte"))?;
         self.bind()?;
         let mut found = Vec::new();
-        for p in &module.0.parts {
+        for p in module.0.parts.iter().filter(|p| p.may_have(name)) {
             let mut f: sys::hipFunction_t = std::ptr::null_mut();
             // SAFETY: a module loaded on this device; a valid C string; valid out-pointer.
             let rc = unsafe { (self.hip.fns.hipModuleGetFunction)(&mut f, p.module, cname.as_ptr()) };
