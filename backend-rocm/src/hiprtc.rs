@@ -21,7 +21,7 @@ use k3_build_support::hash::KeyHasher;
 use kernel_api::{Error, Result};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// What to install when hiprtc is missing.
 pub const INSTALL_HINT: &str = "install ROCm's hiprtc (libhiprtc.so, part of ROCm 6 and 7; ROCm 5 has it inside libamdhip64) \
@@ -33,6 +33,10 @@ pub struct Hiprtc {
     lib: Lib,
     fns: HiprtcFns,
     version: (i32, i32),
+    /// Compiles run one at a time: ROCm 5.2's hiprtc crashes (SIGSEGV, seen in
+    /// tests/hiprtc_jit.rs) when two threads compile at once, and a compile is long enough
+    /// that the lock costs nothing measurable.
+    compiling: Mutex<()>,
 }
 
 static HIPRTC: OnceLock<std::result::Result<Hiprtc, String>> = OnceLock::new();
@@ -78,7 +82,7 @@ fn load() -> std::result::Result<Hiprtc, String> {
             if rc != sys::HIPRTC_SUCCESS {
                 return Err(format!("hiprtcVersion failed in {}: {}", lib.found_as, result_text(&fns, rc)));
             }
-            return Ok(Hiprtc { lib, fns, version: (major, minor) });
+            return Ok(Hiprtc { lib, fns, version: (major, minor), compiling: Mutex::new(()) });
         }
     }
     Err(format!("hiprtc not found ({}); {INSTALL_HINT}", searched.describe()))
@@ -148,6 +152,8 @@ impl Hiprtc {
         let (csrc, cname) = (cstring(file, src)?, cstring("file", file)?);
         let call = |what: &str| format!("{what}({file}, {processor})");
         let fail = |what: &str, rc| Error::Driver { call: call(what), why: result_text(&self.fns, rc) };
+        // A poisoned lock only means another compile panicked; hiprtc itself is unaffected.
+        let _one_at_a_time = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
 
         let mut prog: hiprtcProgram = std::ptr::null_mut();
         // SAFETY: the pointer arrays hold `len` valid NUL-terminated strings that outlive the
