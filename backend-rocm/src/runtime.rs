@@ -143,6 +143,10 @@ impl RocmRuntime {
         hip::hip()?.device_count()
     }
 
+    /// What the probe found (also `Runtime::device_info`).
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
     /// The device's full target ID (`gfx942:sramecc+:xnack-`).
     pub fn target_id(&self) -> &str {
         &self.probed.target_id

@@ -5,6 +5,7 @@
 //! - [`checkpoint`]: HF-layout loading (index, memory-mapped shards, header-only open);
 //! - [`inspect`]: checkpoint conformance against the config;
 //! - [`tiny`]: the deterministic tiny checkpoint generator;
+//! - [`kv_default`]: the fp8 KV-cache flavour a device computes with, and scale conversion;
 //! - [`op_cli`]: `k3 op`, one op on tensors from a safetensors file (reproduction packages).
 
 pub mod cache;
@@ -15,6 +16,7 @@ pub mod exec;
 pub mod error;
 pub mod inspect;
 pub mod inventory;
+pub mod kv_default;
 pub mod model;
 pub mod op_cli;
 pub mod runner;
