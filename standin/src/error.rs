@@ -1,6 +1,8 @@
 //! Errors of the emulated device, vendor-neutral: each front maps a [`Kind`] to its own code
-//! (`CUresult`, `hipError_t`). Every error is logged to stderr once per distinct message and its
-//! message is kept per thread and kind, so the front's error-string call can return it.
+//! (`CUresult`, `hipError_t`). Errors are logged to stderr, the first of each (call, code) pair
+//! in full (callers probe, e.g. a kernel name in every module, so one line per kind of failure
+//! keeps stderr readable), and every message is kept per thread and kind for the front's
+//! error-string call.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -20,6 +22,8 @@ pub enum Kind {
     NotInitialized,
     NoDevice,
     InvalidDevice,
+    /// No current context on the calling thread (CUDA).
+    InvalidContext,
     InvalidImage,
     NoBinaryForGpu,
     /// Registers or threads beyond what the kernel can run with.
@@ -82,13 +86,16 @@ thread_local! {
 }
 
 /// Records `e`, returned by `call` of the `front` (`cuda`, `hip`): printed to stderr the first
-/// time this text occurs, and kept as this thread's last message for its kind.
+/// time `call` returns this code, and kept as this thread's last message for its kind.
 pub fn report(front: &str, call: &str, code_name: &str, e: &Error) {
-    let line = format!("k3 stand-in ({front}): {call} -> {code_name}: {}", e.msg);
+    let key = format!("{front} {call} {code_name}");
     if let Ok(mut g) = LOG.lock() {
         let log = g.get_or_insert_with(|| Log { printed: HashSet::new(), interned: HashMap::new() });
-        if log.printed.insert(line.clone()) {
-            eprintln!("{line}");
+        if log.printed.insert(key) {
+            eprintln!(
+                "k3 stand-in ({front}): {call} -> {code_name}: {} (later {code_name} from {call} are not printed; the error string has each)",
+                e.msg
+            );
         }
     }
     let text = format!("{call}: {}", e.msg);

@@ -122,11 +122,7 @@ pub fn unsupported(d: &MatmulDesc, a: &Layout, b: &Layout, c: &Layout, dl: &Layo
     if [a, b, c, dl].iter().any(|l| l.row_major || l.batch != 1) {
         return Some("only single column-major matrices are emulated".into());
     }
-    let ok = match (a.elem, b.elem, dl.elem) {
-        (Elem::Bf16, Elem::Bf16, _) => true,
-        (Elem::F32, Elem::F32, Elem::F32) => true,
-        _ => false,
-    };
+    let ok = matches!((a.elem, b.elem, dl.elem), (Elem::Bf16, Elem::Bf16, _) | (Elem::F32, Elem::F32, Elem::F32));
     if !ok || c.elem != dl.elem {
         return Some(format!("operands {}·{} -> {} (C {}) are not emulated", a.elem.name(), b.elem.name(), dl.elem.name(), c.elem.name()));
     }

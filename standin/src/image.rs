@@ -492,17 +492,17 @@ mod msgpack {
             0xa0..=0xbf => str_of((t & 0x1f) as usize, r),
             0xc0 => Some((Value::Nil, r)),
             0xc2 | 0xc3 => Some((Value::Bool, r)),
-            0xcc | 0xcd | 0xce | 0xcf => {
+            0xcc..=0xcf => {
                 let n = 1 << (t - 0xcc);
                 Some((Value::Int(be(r, n)? as i64), r.get(n..)?))
             }
-            0xd0 | 0xd1 | 0xd2 | 0xd3 => {
+            0xd0..=0xd3 => {
                 let n = 1 << (t - 0xd0);
                 let raw = be(r, n)?;
                 let shift = 64 - 8 * n as u32;
                 Some((Value::Int(((raw << shift) as i64) >> shift), r.get(n..)?))
             }
-            0xd9 | 0xda | 0xdb => {
+            0xd9..=0xdb => {
                 let n = 1 << (t - 0xd9);
                 let len = be(r, n)? as usize;
                 str_of(len, r.get(n..)?)

@@ -24,6 +24,7 @@ const TABLE: &[(HipError, &str, &str)] = &[
     (100, "hipErrorNoDevice", "no ROCm-capable device is detected"),
     (101, "hipErrorInvalidDevice", "invalid device ordinal"),
     (200, "hipErrorInvalidImage", "device kernel image is invalid"),
+    (201, "hipErrorInvalidContext", "invalid device context"),
     (209, "hipErrorNoBinaryForGpu", "no kernel image is available for execution on the device"),
     (400, "hipErrorInvalidHandle", "invalid resource handle"),
     (401, "hipErrorIllegalState", "the operation cannot be performed in the present state"),
@@ -48,6 +49,7 @@ pub fn code(kind: Kind) -> HipError {
         Kind::NoDevice => 100,
         Kind::InvalidDevice => 101,
         Kind::InvalidImage => 200,
+        Kind::InvalidContext => 201,
         Kind::NoBinaryForGpu => 209,
         Kind::InvalidHandle => 400,
         Kind::IllegalState => 401,
@@ -67,7 +69,7 @@ pub fn code(kind: Kind) -> HipError {
 fn kind_of(c: HipError) -> Option<Kind> {
     use Kind::*;
     [
-        InvalidValue, OutOfMemory, NotInitialized, InvalidConfiguration, NoDevice, InvalidDevice, InvalidImage, NoBinaryForGpu,
+        InvalidValue, OutOfMemory, NotInitialized, InvalidConfiguration, NoDevice, InvalidDevice, InvalidImage, InvalidContext, NoBinaryForGpu,
         InvalidHandle, IllegalState, NotFound, NotReady, IllegalAddress, LaunchOutOfResources, LaunchFailed, NotSupported,
         CaptureUnsupported, CaptureInvalidated, CapturedEvent, CaptureWrongThread,
     ]

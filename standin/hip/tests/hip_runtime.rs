@@ -237,11 +237,8 @@ fn gemm(bf16_in: bool, bias: bool) -> (Vec<f32>, Vec<f64>, c_int) {
             (0..k).map(|p| xs[i * k + p] as f64 * ws[j * k + p] as f64).sum::<f64>() + if bias { bs[j] as f64 } else { 0.0 }
         })
         .collect();
-    let (dt, up): (c_int, Box<dyn Fn(&[f32]) -> H>) = if bf16_in {
-        (14, Box::new(|v: &[f32]| h.upload(&v.iter().map(|&f| half::bf16::from_f32(f)).collect::<Vec<_>>())))
-    } else {
-        (0, Box::new(|v: &[f32]| h.upload(v)))
-    };
+    let dt: c_int = if bf16_in { 14 } else { 0 };
+    let up = |v: &[f32]| if bf16_in { h.upload(&v.iter().map(|&f| half::bf16::from_f32(f)).collect::<Vec<_>>()) } else { h.upload(v) };
     let (x, w, b) = (up(&xs), up(&ws), h.upload(&bs));
     let out = h.malloc(m * n * 4);
     let s = h.stream();
@@ -323,6 +320,7 @@ fn every_personality_and_hip_version() {
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["child_personality", "--exact", "--ignored"])
+        .env("K3_HIP_TEST_CHILD", "1")
         .env("K3_STANDIN_ARCH", "sm_90a")
         .output()
         .unwrap();

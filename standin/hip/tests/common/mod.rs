@@ -106,10 +106,16 @@ unsafe impl Sync for Hip {}
 // SAFETY: as above.
 unsafe impl Send for Hip {}
 
-/// The library, opened once per test process.
+/// The library, opened once per test process. A CUDA personality left in K3_STANDIN_ARCH by a
+/// `standin-env.sh cuda` in the same shell is not this library's: the default (gfx942) is used.
 pub fn hip() -> &'static Hip {
     static HIP: OnceLock<Hip> = OnceLock::new();
-    HIP.get_or_init(Hip::open)
+    HIP.get_or_init(|| {
+        if std::env::var("K3_STANDIN_ARCH").is_ok_and(|a| a.starts_with("sm_")) && std::env::var_os("K3_HIP_TEST_CHILD").is_none() {
+            std::env::remove_var("K3_STANDIN_ARCH");
+        }
+        Hip::open()
+    })
 }
 
 pub const HOST_TO_DEVICE: c_int = 1;
@@ -248,6 +254,7 @@ pub fn in_child(test: &str, env: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().expect("exe");
     let out = std::process::Command::new(exe)
         .args([test, "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
+        .env("K3_HIP_TEST_CHILD", "1")
         .envs(env.iter().copied())
         .output()
         .expect("child test");
