@@ -235,7 +235,11 @@ pub fn run_doctor(backend: &str) -> DoctorReport {
         "rocm" => staged_checks(
             &mut r,
             || k3_backend_rocm::rocm_backend(0).map_err(|e| e.to_string()),
-            || Ok("op kernels loaded (the embedded code object of this processor, else hiprtc)".to_string()),
+            || {
+                k3_backend_rocm::RocmRuntime::new(0)
+                    .map(|rt| format!("op kernels loaded from {}", rt.kernel_availability()))
+                    .map_err(|e| e.to_string())
+            },
         ),
         other => {
             let why = r.backends.iter().find(|b| b.name == other).map(|b| b.reason.clone()).unwrap_or_else(|| format!("unknown backend `{other}`"));
