@@ -9,18 +9,19 @@
 //!   (every csrc header under its csrc-relative name, those beside a `.cu` also under their
 //!   names relative to it), so no source tree is needed.
 //! - Options: `--offload-arch=<processor>`, `-O3`, `-std=c++17`, `-DK3_WARP_SIZE=<wave size>`.
-//! - Cache: `$K3_KERNEL_CACHE_DIR` (`off` disables it), default `$XDG_CACHE_HOME/k3-kernels` or
-//!   `~/.cache/k3-kernels`; files `hip/<file>-<processor>-<key>.hsaco`, the key a 128-bit
-//!   content hash of the file, every header, the options and the hiprtc version. Writes go
-//!   through a temporary file and a rename.
+//! - Cache (`k3_kernels::jit_cache`): `$K3_KERNEL_CACHE_DIR` (`off` disables it), default
+//!   `$XDG_CACHE_HOME/k3-kernels` or `~/.cache/k3-kernels`; files
+//!   `hip/<file>-<processor>-<key>.hsaco`, the key a 128-bit content hash of the file, every
+//!   header, the options and the hiprtc version.
 
 use crate::dylib::{self, Lib, NotFound};
 use crate::kernels;
 use crate::sys::{self, hiprtcProgram, hiprtcResult, HiprtcFns};
 use k3_build_support::hash::KeyHasher;
+pub use k3_kernels::jit_cache::{CacheOutcome, KernelCache};
 use kernel_api::{Error, Result};
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 /// What to install when hiprtc is missing.
@@ -216,23 +217,8 @@ impl Hiprtc {
 
     /// Compiles through the cache: a hit returns the stored code object.
     pub fn code_object(&self, file: &str, processor: &str, warp: u32, cache: &CodeObjectCache) -> Result<(Vec<u8>, CacheOutcome)> {
-        let path = cache.path(file, processor, &cache_key(file, processor, warp, self.version));
-        if let Some(p) = &path {
-            if let Ok(bytes) = std::fs::read(p) {
-                if kernels::is_amdgpu_elf(&bytes) {
-                    return Ok((bytes, CacheOutcome::Hit(p.clone())));
-                }
-            }
-        }
-        let code = self.compile_file(file, processor, warp)?;
-        let outcome = match &path {
-            Some(p) => match store(p, &code) {
-                Ok(()) => CacheOutcome::Stored(p.clone()),
-                Err(why) => CacheOutcome::NotStored(why),
-            },
-            None => CacheOutcome::NotStored("cache disabled".into()),
-        };
-        Ok((code, outcome))
+        let path = cache.path("hip", file, processor, &cache_key(file, processor, warp, self.version), "hsaco");
+        cache.get_or_compile(path, kernels::is_amdgpu_elf, || self.compile_file(file, processor, warp))
     }
 }
 
@@ -250,67 +236,15 @@ pub fn cache_key(file: &str, processor: &str, warp: u32, version: (i32, i32)) ->
     h.hex()
 }
 
-/// What happened with the cache on one compile.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CacheOutcome {
-    Hit(PathBuf),
-    Stored(PathBuf),
-    NotStored(String),
-}
-
-/// Where compiled code objects are kept.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CodeObjectCache {
-    dir: Option<PathBuf>,
-}
-
-impl CodeObjectCache {
-    /// `$K3_KERNEL_CACHE_DIR` (`off` disables), else `$XDG_CACHE_HOME/k3-kernels`, else
-    /// `$HOME/.cache/k3-kernels`, else no cache.
-    pub fn from_env() -> Self {
-        let dir = match std::env::var_os("K3_KERNEL_CACHE_DIR").filter(|v| !v.is_empty()) {
-            Some(v) if v == "off" => None,
-            Some(v) => Some(PathBuf::from(v)),
-            None => std::env::var_os("XDG_CACHE_HOME")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache")))
-                .map(|c| c.join("k3-kernels")),
-        };
-        CodeObjectCache { dir }
-    }
-    pub fn at(dir: impl Into<PathBuf>) -> Self {
-        CodeObjectCache { dir: Some(dir.into()) }
-    }
-    pub fn disabled() -> Self {
-        CodeObjectCache { dir: None }
-    }
-    pub fn dir(&self) -> Option<&Path> {
-        self.dir.as_deref()
-    }
-    fn path(&self, file: &str, processor: &str, key: &str) -> Option<PathBuf> {
-        let stem: String = file.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-        self.dir.as_ref().map(|d| d.join("hip").join(format!("{stem}-{processor}-{key}.hsaco")))
-    }
-}
-
-fn store(path: &Path, bytes: &[u8]) -> std::result::Result<(), String> {
-    let dir = path.parent().ok_or("cache path has no folder")?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("cannot move {} into place: {e}", tmp.display())
-    })
-}
+/// Where compiled code objects are kept (`k3_kernels::jit_cache`: `$K3_KERNEL_CACHE_DIR/hip/`).
+pub type CodeObjectCache = KernelCache;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn options_headers_and_cache_paths() {
+    fn options_headers_and_cache_keys() {
         assert_eq!(options("gfx90a", 64), ["--offload-arch=gfx90a", "-O3", "-std=c++17", "-DK3_WARP_SIZE=64"]);
         let h = header_list("ops/dense_gemm.cu");
         let names: Vec<&str> = h.iter().map(|(n, _)| n.as_str()).collect();
@@ -322,9 +256,5 @@ mod tests {
         assert_eq!(k.len(), 32);
         assert_ne!(k, cache_key("ops/dense_gemm.cu", "gfx1100", 32, (6, 4)));
         assert_ne!(k, cache_key("ops/dense_gemm.cu", "gfx90a", 64, (7, 0)));
-        let c = CodeObjectCache::at("cache-root");
-        let p = c.path("ops/dense_gemm.cu", "gfx90a", &k).expect("path");
-        assert_eq!(p, Path::new("cache-root/hip").join(format!("ops_dense_gemm_cu-gfx90a-{k}.hsaco")));
-        assert_eq!(CodeObjectCache::disabled().path("a.cu", "gfx90a", &k), None);
     }
 }

@@ -10,9 +10,12 @@
 //!   [`vendor_gemm`] holds what both hooks share). Op launchers are
 //!   written once against it and shared by CUDA, ROCm and SIMT.
 //!
+//! - [`jit_cache`]: the on-disk cache of kernels compiled at run time (NVRTC, hiprtc).
+//!
 //! This crate depends on no toolkit: backends compile or load the sources themselves.
 
 pub mod gpu_backend;
+pub mod jit_cache;
 mod ops;
 pub mod runtime;
 pub mod vendor_gemm;
