@@ -79,7 +79,10 @@ fn arch_name_is_read_on_hip_5_6_and_7() {
     }
 }
 
-fn gemm_tests() -> Vec<(&'static str, &'static str, fn(&RocmBackend))> {
+/// (op, test name, test) of the conformance registry.
+type Test = (&'static str, &'static str, fn(&RocmBackend));
+
+fn gemm_tests() -> Vec<Test> {
     kernel_api::conformance::all_tests::<RocmBackend>().into_iter().filter(|(op, _, _)| *op == "gemm").collect()
 }
 
