@@ -9,6 +9,8 @@
 //!   and an optional vendor-BLAS hook for the dense GEMM: cuBLASLt on CUDA, hipBLASLt on ROCm;
 //!   [`vendor_gemm`] holds what both hooks share). Op launchers are
 //!   written once against it and shared by CUDA, ROCm and SIMT.
+//! - [`recording`]: a [`Runtime`] that runs nothing and records every launch, for reading the
+//!   launch configurations of any op at any shape without a GPU.
 //!
 //! - [`jit_cache`]: the on-disk cache of kernels compiled at run time (NVRTC, hiprtc).
 //!
@@ -17,10 +19,12 @@
 pub mod gpu_backend;
 pub mod jit_cache;
 mod ops;
+pub mod recording;
 pub mod runtime;
 pub mod vendor_gemm;
 
 pub use gpu_backend::{dtype_code, GpuBackend};
+pub use recording::{RecordedLaunch, RecordingRuntime};
 pub use runtime::{
     check_range, DevicePtr, Dim3, ImageFormat, KernelArg, KernelArgs, LaunchConfig, MatrixOperand, ModuleImage, Runtime,
     VendorGemmArgs,

@@ -5,6 +5,7 @@
 //! - [`checkpoint`]: HF-layout loading (index, memory-mapped shards, header-only open);
 //! - [`inspect`]: checkpoint conformance against the config;
 //! - [`tiny`]: the deterministic tiny checkpoint generator;
+//! - [`plan`]: `k3 plan`, the speed-of-light floors of a K3 decode step and prefill per GPU;
 //! - [`kv_default`]: the fp8 KV-cache flavour a device computes with, and scale conversion;
 //! - [`op_cli`]: `k3 op`, one op on tensors from a safetensors file (reproduction packages).
 
@@ -19,6 +20,7 @@ pub mod inventory;
 pub mod kv_default;
 pub mod model;
 pub mod op_cli;
+pub mod plan;
 pub mod runner;
 pub mod tiny;
 pub mod weights;
