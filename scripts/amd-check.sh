@@ -56,9 +56,10 @@ CARD=unknown ARCH="" ROCM_VERSION=unknown
 ROCMINFO=$(command -v rocminfo 2>/dev/null || { [ -x "$ROCM/bin/rocminfo" ] && echo "$ROCM/bin/rocminfo"; })
 if [ -n "$ROCMINFO" ]; then
   INFO=$("$ROCMINFO" 2>/dev/null)
-  # The first GPU agent: its gfx name and marketing name.
+  # The first GPU agent: its gfx name and marketing name (CPU agents come first in rocminfo and
+  # are AMD too, so the name must be an Instinct or Radeon part).
   ARCH=$(echo "$INFO" | grep -o -m1 'gfx[0-9a-f]\+' || true)
-  CARD=$(echo "$INFO" | grep -m1 -A0 'Marketing Name:.*\(Instinct\|Radeon\|AMD\)' | sed 's/.*Marketing Name: *//;s/ *$//' || true)
+  CARD=$(echo "$INFO" | grep -m1 'Marketing Name:.*\(Instinct\|Radeon\)' | sed 's/.*Marketing Name: *//;s/ *$//' || true)
   [ -n "$CARD" ] || CARD=unknown
 fi
 for f in "$ROCM/.info/version" "$ROCM/.info/version-dev"; do
