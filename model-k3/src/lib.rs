@@ -6,6 +6,7 @@
 //! - [`inspect`]: checkpoint conformance against the config;
 //! - [`tiny`]: the deterministic tiny checkpoint generator;
 //! - [`plan`]: `k3 plan`, the speed-of-light floors of a K3 decode step and prefill per GPU;
+//! - [`kv_default`]: the fp8 KV-cache flavour a device computes with, and scale conversion;
 //! - [`op_cli`]: `k3 op`, one op on tensors from a safetensors file (reproduction packages).
 
 pub mod cache;
@@ -16,6 +17,7 @@ pub mod exec;
 pub mod error;
 pub mod inspect;
 pub mod inventory;
+pub mod kv_default;
 pub mod model;
 pub mod op_cli;
 pub mod plan;

@@ -1,0 +1,1 @@
+pub mod decode_step;
