@@ -25,20 +25,21 @@
 //
 // moe_gemm_grouped_mma (bf16 input, bf16 or MXFP4 weights: every operand is exact in bf16, and
 // the MXFP8 round trip of a bf16 row stays on bf16's grid; rows contiguous along k and 16-B
-// aligned, else the launcher takes moe_gemm_grouped): 4 warps in a 2x2 grid, row chunks of
-// kMmaRM = 64 pairs, each warp owning 32 rows x 32 columns of the gate (and up) outputs as
-// k3::mma fragments of the target's bf16 shape (m16n8k16 mma.sync at warp 32, 16x16x16 MFMA at
-// warp 64), loaded from bf16 shared tiles (pitch 144 B: bank-conflict free) through
-// a_coord/b_coord. Memory at full width: every lane moves 16-B chunks (8 bf16 of an input or
-// weight row, or 32 MXFP4 codes = one MX block with its scale byte), k steps of kMmaBK = 64
-// double-buffered through registers (step s+1's loads are in flight while step s multiplies).
-// MXFP4 is decoded in registers: e2m1 -> f32 bits by shifts, one multiply by the E8M0 scale
+// aligned, else the launcher takes moe_gemm_grouped): 4 warps; row chunks of kMmaRM = 64 pairs
+// in a 2x2 warp grid of 32 rows x 32 columns, or, in the twin moe_gemm_grouped_m16_mma that the
+// launcher takes at block_m <= 16, chunks of 16 pairs in a 1x4 grid of 16 x 16 (so every warp
+// issues MMAs on a decode-sized M-block), of the gate (and up) outputs as k3::mma fragments of
+// the target's bf16 shape (m16n8k16 mma.sync at warp 32, 16x16x16 MFMA at warp 64), loaded
+// from bf16 shared tiles (pitch 144 B: bank-conflict free) through a_coord/b_coord.
+// Memory at full width: every lane moves 16-B chunks (8 bf16 of an input or weight row, or 32
+// MXFP4 codes = one MX block with its scale byte), k steps of kMmaBK = 64 double-buffered
+// through registers (step s+1's loads are in flight while step s multiplies). MXFP4 is decoded
+// in registers (moe_mxfp4.cuh): e2m1 -> f32 bits by shifts, one multiply by the E8M0 scale
 // (exact), the bf16 pair as the two products' high halves (one byte permute). Fragments of
-// 16-row groups without a pair, and column fragments past n, are skipped (warp-uniform tests),
-// so decode-sized M-blocks cost little; a chunk without any pair is skipped whole. Shared:
-// 64x72 + 128x72 bf16 tiles (one set for both stages) + 3 x 64 words per row. Dense and MXFP4 weights
-// reach the MMAs as the same bf16 operands in the same order, so MXFP4 results equal the bf16
-// twin's bit for bit.
+// 16-row groups without a pair, and column fragments past n, are skipped (warp-uniform tests);
+// a chunk without any pair is skipped whole. Shared: 64x72 + 128x72 bf16 tiles (one set for
+// both stages) + 3 words per row. Dense and MXFP4 weights reach the MMAs as the same bf16
+// operands in the same order, so MXFP4 results equal the bf16 twin's bit for bit.
 //
 // moe_gemm_grouped (any operand f32: the spec decodes exactly to f32, and an f32 operand is never
 // rounded to bf16): 256 threads, SIMT f32 FMA, row chunks of kMoeRM = 16 (stopping at the first
@@ -548,7 +549,8 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
                                               int out_dt, int64_t out_s0, int64_t out_s1, int pairs, int top_k,
                                               int experts, int block_m, int k, int n, int max_padded, int gate_up,
                                               float beta, float linear_beta, int mxfp8, k3::ErrorRecord* err) {
-  K3_SHARED(MoeMmaShared, sh, );
+  K3_SHARED(MoeMmaShared, sh_block, [1]);
+  MoeMmaShared& sh = sh_block[0];
   const int blk = static_cast<int>(k3::block_idx_x());
   const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
   if (e < 0) return;
