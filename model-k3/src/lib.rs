@@ -5,7 +5,9 @@
 //! - [`checkpoint`]: HF-layout loading (index, memory-mapped shards, header-only open);
 //! - [`inspect`]: checkpoint conformance against the config;
 //! - [`tiny`]: the deterministic tiny checkpoint generator;
-//! - [`op_cli`]: `k3 op`, one op on tensors from a safetensors file (reproduction packages).
+//! - [`op_cli`]: `k3 op`, one op on tensors from a safetensors file (reproduction packages);
+//! - [`limits`]: the caps on every size taken from a file or a flag; [`files`]: regular-file
+//!   readers and replace-by-rename writers; [`st_header`]: precise safetensors header errors.
 
 pub mod cache;
 pub mod checkpoint;
@@ -13,11 +15,15 @@ pub mod config;
 pub mod doctor;
 pub mod exec;
 pub mod error;
+pub mod files;
+pub mod finite;
 pub mod inspect;
 pub mod inventory;
+pub mod limits;
 pub mod model;
 pub mod op_cli;
 pub mod runner;
+pub mod st_header;
 pub mod tiny;
 pub mod weights;
 

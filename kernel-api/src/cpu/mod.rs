@@ -69,6 +69,13 @@ impl CpuBackend {
     }
 }
 
+/// An empty vector with room for `bytes`: a failed allocation is an error, not an abort.
+fn host_vec(bytes: usize) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(bytes).map_err(|e| Error::invalid("bytes", format!("cannot allocate {bytes} bytes: {e}")))?;
+    Ok(v)
+}
+
 impl Backend for CpuBackend {
     type Buffer = HostBuffer;
     type Stream = CpuStream;
@@ -83,13 +90,14 @@ impl Backend for CpuBackend {
         &self.stream
     }
     fn alloc_zeroed(&self, bytes: usize) -> Result<HostBuffer> {
-        let mut v = Vec::new();
-        v.try_reserve_exact(bytes).map_err(|e| Error::invalid("bytes", format!("cannot allocate {bytes} bytes: {e}")))?;
+        let mut v = host_vec(bytes)?;
         v.resize(bytes, 0);
         Ok(HostBuffer(v))
     }
     fn upload(&self, bytes: &[u8]) -> Result<HostBuffer> {
-        Ok(HostBuffer(bytes.to_vec()))
+        let mut v = host_vec(bytes.len())?;
+        v.extend_from_slice(bytes);
+        Ok(HostBuffer(v))
     }
     fn download(&self, buf: &HostBuffer, out: &mut [u8]) -> Result<()> {
         if out.len() != buf.0.len() {

@@ -1,0 +1,466 @@
+//! The host-side cases of issue 15, one test each: sizes checked before anything is allocated
+//! or read, non-regular files refused, non-finite weights and logits refused, outputs that only
+//! ever replace regular files, the tiny checkpoint made atomically, and messages that name the
+//! tensor, file or field. The `k3` binary runs as a child under a memory cap and a timeout.
+
+mod common;
+
+use common::*;
+use kernel_api::cpu::CpuBackend;
+use model_k3::checkpoint::{shard_file_name, Checkpoint, INDEX_FILE};
+use model_k3::inspect::inspect_dir;
+use model_k3::model::ModelOptions;
+use model_k3::runner::{load_model, parity, Generation};
+use model_k3::tiny::{ensure_tiny_checkpoint, tiny_state, Ensured, TinyState, COMPLETE_MARKER};
+use model_k3::ModelError;
+use serde_json::json;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+
+fn field(e: &ModelError) -> String {
+    match e {
+        ModelError::Kernel(kernel_api::Error::InvalidInput { field, .. }) => field.clone(),
+        other => panic!("expected an invalid-input error, got {other}"),
+    }
+}
+
+fn load(dir: &Path) -> model_k3::Result<model_k3::model::K3Model<CpuBackend>> {
+    load_model(dir, CpuBackend::new(), ModelOptions { num_pages: 4, max_seqs: 1, ..Default::default() }, &mut |_, _| {})
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+// ---- limits before allocations -------------------------------------------------------------
+
+#[test]
+fn absurd_config_sizes_fail_fast_with_the_field_named() {
+    for (key, value, want) in [
+        ("num_experts", json!(1_000_000_000u64), "num_experts"),
+        ("moe_intermediate_size", json!(1e9), "moe_intermediate_size"),
+        ("moe_intermediate_size", json!(1_000_000_000u64), "moe_intermediate_size"),
+        ("num_hidden_layers", json!(u64::MAX), "num_hidden_layers"),
+        ("vocab_size", json!(1u64 << 40), "vocab_size"),
+        ("max_position_embeddings", json!(-1), "max_position_embeddings"),
+        ("bos_token_id", json!(1u64 << 33), "bos_token_id"),
+    ] {
+        let d = tiny("absurd");
+        edit_config(&d, |t| t[key] = value.clone());
+        let start = Instant::now();
+        let e = inspect_dir(&d).unwrap_err();
+        assert_eq!(field(&e), want, "{key} = {value}: {e}");
+        let e = load(&d).err().unwrap();
+        assert_eq!(field(&e), want, "{key} = {value}: {e}");
+        assert!(start.elapsed() < Duration::from_secs(5), "{key}: {:?}", start.elapsed());
+    }
+    // Within every per-field limit, but asking for more tensors than any checkpoint may hold.
+    let d = tiny("many-tensors");
+    edit_config(&d, |t| {
+        t["num_experts"] = json!(65536);
+        t["num_hidden_layers"] = json!(64);
+        t["linear_attn_config"]["kda_layers"] = json!((1..=62).collect::<Vec<_>>());
+        t["linear_attn_config"]["full_attn_layers"] = json!([63, 64]);
+    });
+    let e = inspect_dir(&d).unwrap_err();
+    assert_eq!(field(&e), "num_experts", "{e}");
+    assert!(e.to_string().contains("MAX_TENSORS"), "{e}");
+    // The binary: a named error, exit 2, well inside the memory cap.
+    let d = tiny("absurd-bin");
+    edit_config(&d, |t| t["num_experts"] = json!(1_000_000_000u64));
+    for args in [vec!["inspect", s(&d)], vec!["run", "--model", s(&d), "--prompt-ids", "1,2"]] {
+        let r = k3(&args, &[], T);
+        assert_eq!(r.code, Some(2), "{args:?}: {r:?}");
+        assert!(r.stderr.contains("num_experts") && r.secs < 10.0, "{args:?}: {r:?}");
+    }
+}
+
+/// A size within the config limits that the checkpoint does not hold: `inspect` reports the
+/// mismatch and `run` refuses before allocating anything for it.
+#[test]
+fn config_sizes_the_checkpoint_does_not_hold_are_refused_before_loading() {
+    let d = tiny("big-inter");
+    edit_config(&d, |t| t["moe_intermediate_size"] = json!(1 << 24));
+    let r = inspect_dir(&d).unwrap();
+    assert!(r.deviations.iter().any(|x| x.contains("experts.0.w1.weight_packed") && x.contains("16777216")), "{r}");
+    let e = load(&d).err().unwrap();
+    assert!(matches!(e, ModelError::Checkpoint { .. }) && e.to_string().contains("deviates"), "{e}");
+    let r = k3(&["run", "--model", s(&d), "--prompt-ids", "1"], &[], T);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("deviates from its config"), "{r:?}");
+}
+
+#[test]
+fn max_new_tokens_is_capped_by_the_context() {
+    let d = tiny("max-new");
+    for n in ["18446744073709551615", "10000000", "1048575"] {
+        let r = k3(&["run", "--model", s(&d), "--prompt-ids", "1,2", "--max-new-tokens", n], &[], T);
+        assert_eq!(r.code, Some(2), "{n}: {r:?}");
+        assert!(r.stderr.contains("--max-new-tokens") && r.stderr.contains("1048576"), "{n}: {r:?}");
+    }
+    // The library refuses too (no allocation sized by the request).
+    let mut m = load(&d).unwrap();
+    let e = m.generate(0, &[1, 2], usize::MAX, 8).unwrap_err();
+    assert_eq!(field(&e), "max_new_tokens", "{e}");
+    // Logits of every position are held in memory for --logits-out: capped as well.
+    edit_config(&d, |t| t["vocab_size"] = json!(1 << 24));
+    let out = d.join("l.npy");
+    let r = k3(&["run", "--model", s(&d), "--prompt-ids", "1", "--max-new-tokens", "100", "--logits-out", s(&out)], &[], T);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("--logits-out"), "{r:?}");
+}
+
+#[test]
+fn chunk_zero_is_rejected() {
+    let d = tiny("chunk0");
+    let r = k3(&["run", "--model", s(&d), "--prompt-ids", "1,2", "--chunk", "0"], &[], T);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("--chunk"), "{r:?}");
+    let e = load(&d).unwrap().generate(0, &[1, 2], 1, 0).unwrap_err();
+    assert_eq!(field(&e), "chunk", "{e}");
+}
+
+/// config.json, the index, a shard, and `k3 op --inputs/--params` replaced by `/dev/zero`, a
+/// FIFO or a directory: an error at once naming what the file is (a FIFO used to hang, /dev/zero
+/// to read 4 GB, a directory to say "No such device").
+#[test]
+fn non_regular_files_are_refused_at_once() {
+    let base = tiny("nonreg");
+    let shard = shard_file_name(2, 6);
+    for target in ["config.json", INDEX_FILE, shard.as_str()] {
+        for kind in ["dev-zero", "fifo", "dir"] {
+            let d = tmp("nonreg-case").join("ckpt");
+            std::fs::create_dir_all(&d).unwrap();
+            for e in std::fs::read_dir(&base).unwrap() {
+                let e = e.unwrap();
+                std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
+            }
+            let p = d.join(target);
+            std::fs::remove_file(&p).unwrap();
+            let want = match kind {
+                "dev-zero" => {
+                    std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+                    "character device"
+                }
+                "fifo" => {
+                    mkfifo(&p);
+                    "FIFO"
+                }
+                _ => {
+                    std::fs::create_dir(&p).unwrap();
+                    "is a directory"
+                }
+            };
+            let r = k3(&["inspect", s(&d)], &[], Duration::from_secs(20));
+            assert_eq!(r.code, Some(2), "{target} as {kind}: {r:?}");
+            assert!(r.stderr.contains(want) && r.stderr.contains(target) && r.secs < 10.0, "{target} as {kind}: {r:?}");
+        }
+    }
+    // k3 op's inputs and params.
+    let d = tmp("nonreg-op");
+    let fifo = d.join("fifo");
+    mkfifo(&fifo);
+    let out = d.join("out.safetensors");
+    for (inputs, params, want) in [
+        ("/dev/zero", None, "character device"),
+        (s(&fifo), None, "FIFO"),
+        (s(&d), None, "is a directory"),
+        ("/dev/null", Some("/dev/zero"), "character device"),
+        ("/dev/null", Some(s(&fifo)), "FIFO"),
+        ("/dev/null", Some(s(&d)), "is a directory"),
+    ] {
+        let mut args = vec!["op", "rms_norm", "--inputs", inputs, "--outputs", s(&out)];
+        if let Some(p) = params {
+            args.extend(["--params", p]);
+        }
+        let r = k3(&args, &[], Duration::from_secs(20));
+        assert_eq!(r.code, Some(2), "{args:?}: {r:?}");
+        assert!(r.stderr.contains(want) && r.secs < 10.0, "{args:?}: {r:?}");
+    }
+}
+
+#[test]
+fn oversized_text_files_are_refused_with_the_limit_named() {
+    let d = tiny("big-config");
+    let mut text = std::fs::read_to_string(d.join("config.json")).unwrap();
+    text.push_str(&" ".repeat(2 << 20));
+    std::fs::write(d.join("config.json"), text).unwrap();
+    let e = inspect_dir(&d).unwrap_err();
+    assert!(e.to_string().contains("CONFIG_FILE_MAX"), "{e}");
+    let p = d.join("params.json");
+    std::fs::write(&p, format!("{{\"eps\": 1e-5{}}}", " ".repeat(65 << 20))).unwrap();
+    let e = model_k3::op_cli::read_params(Some(&p)).unwrap_err();
+    assert!(e.to_string().contains("PARAMS_FILE_MAX"), "{e}");
+}
+
+// ---- non-finite weights and outputs ---------------------------------------------------------
+
+const BF16_NAN: [u8; 2] = [0xC0, 0x7F];
+
+#[test]
+fn non_finite_weights_are_refused_with_the_tensor_named() {
+    let cases: [(&str, fn(&mut [u8])); 6] = [
+        ("language_model.lm_head.weight", |b| b[200..202].copy_from_slice(&BF16_NAN)),
+        ("language_model.model.embed_tokens.weight", |b| b[0..2].copy_from_slice(&[0x80, 0xFF])), // -inf
+        ("language_model.model.layers.2.self_attn.q_proj.weight", |b| b[10..12].copy_from_slice(&BF16_NAN)),
+        ("language_model.model.layers.1.block_sparse_moe.experts.3.w2.weight_scale", |b| b.fill(0xFF)),
+        ("language_model.model.layers.4.block_sparse_moe.gate.e_score_correction_bias", |b| b[8..12].copy_from_slice(&f32::NAN.to_le_bytes())),
+        ("language_model.model.layers.0.self_attn.A_log", |b| b[0..4].copy_from_slice(&f32::INFINITY.to_le_bytes())),
+    ];
+    for (tensor, patch) in cases {
+        let d = tiny("nan");
+        patch_tensor(&d, tensor, patch);
+        assert!(inspect_dir(&d).unwrap().ok(), "headers are unchanged");
+        match load(&d) {
+            Err(ModelError::Tensor { name, why }) => assert!(name == tensor && why.contains("must be finite"), "{name}: {why}"),
+            Err(e) => panic!("{tensor}: unexpected error {e}"),
+            Ok(_) => panic!("{tensor}: a non-finite weight was loaded"),
+        }
+        // The demo never prints OK for such a checkpoint.
+        let r = k3(&["demo", "--model", s(&d), "--max-new-tokens", "2"], &[], T);
+        assert!(r.clean() && !r.ok() && !r.stdout.contains("-> OK"), "{tensor}: {r:?}");
+        assert!(r.stderr.contains(tensor), "{tensor}: {r:?}");
+    }
+}
+
+/// Finite weights whose product overflows: the logits are infinite or NaN, and `run` reports an
+/// error naming the position instead of tokens `0,0`.
+#[test]
+fn non_finite_logits_are_an_error_naming_the_position() {
+    let d = tiny("inf-logits");
+    // bf16 max (0x7F7F) everywhere in lm_head: each logit sums 128 products of ~1 x 3.4e38.
+    patch_tensor(&d, "language_model.lm_head.weight", |b| b.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&[0x7F, 0x7F])));
+    let e = load(&d).unwrap().generate(0, &[1, 2, 3], 2, 8).unwrap_err();
+    assert!(matches!(e, ModelError::NonFinite { position: 0, .. }), "{e}");
+    let r = k3(&["run", "--model", s(&d), "--prompt-ids", "1,2,3"], &[], T);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("non-finite logits") && r.stderr.contains("position 0") && !r.stdout.contains("tokens:"), "{r:?}");
+}
+
+#[test]
+fn parity_fails_when_either_side_is_non_finite() {
+    let g = |logits: Vec<f32>| Generation { tokens: vec![0, 0], logits, vocab: 2, reused: 0, positions: 2 };
+    let tol = kernel_api::Tolerance::F32_ALGO;
+    assert!(parity(&g(vec![1.0, 2.0, 3.0, 4.0]), &g(vec![1.0, 2.0, 3.0, 4.0]), tol).ok);
+    let nan = g(vec![f32::NAN; 4]);
+    let p = parity(&nan, &nan, tol);
+    assert!(!p.ok && p.nonfinite == (4, 4), "{p:?}");
+    assert!(!parity(&g(vec![1.0, f32::INFINITY, 3.0, 4.0]), &g(vec![1.0, 2.0, 3.0, 4.0]), tol).ok);
+    assert!(!parity(&g(vec![1.0, 2.0, 3.0, 4.0]), &g(vec![1.0, 2.0, f32::NAN, 4.0]), tol).ok);
+}
+
+/// A config with fewer layers than the checkpoint holds: `inspect` flags the extra tensors and
+/// `run` refuses (it used to run the first layers silently).
+#[test]
+fn run_refuses_what_inspect_reports() {
+    let d = tiny("fewer-layers");
+    edit_config(&d, |t| {
+        t["num_hidden_layers"] = json!(4);
+        t["linear_attn_config"]["full_attn_layers"] = json!([4]);
+    });
+    let r = inspect_dir(&d).unwrap();
+    assert!(r.deviations.iter().any(|x| x.contains("unexpected tensor") && x.contains("layers.4.")), "{r}");
+    let e = load(&d).err().unwrap();
+    assert!(e.to_string().contains("unexpected tensor"), "{e}");
+    let r = k3(&["run", "--model", s(&d), "--prompt-ids", "1,2"], &[], T);
+    assert!(r.code == Some(2) && r.stderr.contains("unexpected tensor"), "{r:?}");
+}
+
+// ---- files ----------------------------------------------------------------------------------
+
+fn rms_files(d: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let x = kernel_api::HostTensor::zeros(kernel_api::DType::F32, &[2, 4]);
+    let w = kernel_api::HostTensor::zeros(kernel_api::DType::F32, &[4]);
+    let i = d.join("in.safetensors");
+    let views = vec![
+        ("x".to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, x.shape.clone(), &x.bytes).unwrap()),
+        ("w".to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, w.shape.clone(), &w.bytes).unwrap()),
+    ];
+    safetensors::serialize_to_file(views, None, &i).unwrap();
+    let p = d.join("p.json");
+    std::fs::write(&p, r#"{"eps": 1e-5}"#).unwrap();
+    (i, p)
+}
+
+/// `--outputs` and `--logits-out` replace only regular files (or what a link to one points at);
+/// a FIFO, a directory, a device or a link to one is refused and left as it was.
+#[test]
+fn outputs_only_replace_regular_files() {
+    let d = tmp("outputs");
+    let (i, p) = rms_files(&d);
+    let fifo = d.join("fifo");
+    mkfifo(&fifo);
+    let dir = d.join("a-dir");
+    std::fs::create_dir(&dir).unwrap();
+    let to_null = d.join("to-null");
+    std::os::unix::fs::symlink("/dev/null", &to_null).unwrap();
+    let to_dir = d.join("to-dir");
+    std::os::unix::fs::symlink(&dir, &to_dir).unwrap();
+    let ckpt = tiny("outputs-ckpt");
+    for (out, want) in [(&fifo, "FIFO"), (&dir, "is a directory"), (&to_null, "character device"), (&to_dir, "directory")] {
+        let r = k3(&["op", "rms_norm", "--inputs", s(&i), "--params", s(&p), "--outputs", s(out)], &[], T);
+        assert_eq!(r.code, Some(2), "{out:?}: {r:?}");
+        assert!(r.stderr.contains(want) && r.stderr.contains("refusing"), "{out:?}: {r:?}");
+        let r = k3(&["run", "--model", s(&ckpt), "--prompt-ids", "1", "--max-new-tokens", "1", "--logits-out", s(out)], &[], T);
+        assert_eq!(r.code, Some(2), "{out:?}: {r:?}");
+        assert!(r.stderr.contains(want), "{out:?}: {r:?}");
+    }
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo_like());
+    assert!(std::fs::metadata(&dir).unwrap().is_dir() && std::fs::read_dir(&dir).unwrap().next().is_none());
+    assert_eq!(std::fs::read_link(&to_null).unwrap(), Path::new("/dev/null"));
+    // A regular file is replaced; through a link, the link stays and its target is replaced.
+    let real = d.join("real.safetensors");
+    std::fs::write(&real, b"old").unwrap();
+    let link = d.join("link.safetensors");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let r = k3(&["op", "rms_norm", "--inputs", s(&i), "--params", s(&p), "--outputs", s(&link)], &[], T);
+    assert!(r.ok(), "{r:?}");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert!(std::fs::read(&real).unwrap().len() > 100);
+    // No temporary file is left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(&d).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().contains(".k3-")).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+trait FifoLike {
+    fn is_fifo_like(&self) -> bool;
+}
+impl FifoLike for std::fs::FileType {
+    fn is_fifo_like(&self) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        self.is_fifo()
+    }
+}
+
+#[test]
+fn tiny_checkpoint_is_made_atomically_and_remade_when_half_made() {
+    let d = tmp("tiny-atomic").join("tiny-k3");
+    assert_eq!(ensure_tiny_checkpoint(&d, 7, false).unwrap(), Ensured::Made(tensor_count()));
+    assert!(d.join(COMPLETE_MARKER).exists());
+    assert_eq!(ensure_tiny_checkpoint(&d, 7, false).unwrap(), Ensured::Existing);
+    let parent = d.parent().unwrap();
+    let names: Vec<String> = std::fs::read_dir(parent).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, ["tiny-k3"], "only the checkpoint folder is left");
+
+    // Half-made the way a killed writer of the old, in-place kind left it: config and the
+    // first shards, no index, no marker. Also: every file but the marker, one shard cut short.
+    let half = |dir: &Path| {
+        std::fs::remove_file(dir.join(COMPLETE_MARKER)).unwrap();
+        std::fs::remove_file(dir.join(INDEX_FILE)).unwrap();
+        std::fs::remove_file(dir.join(shard_file_name(5, 6))).unwrap();
+    };
+    let cut = |dir: &Path| {
+        std::fs::remove_file(dir.join(COMPLETE_MARKER)).unwrap();
+        let p = dir.join(shard_file_name(3, 6));
+        let b = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &b[..b.len() / 2]).unwrap();
+    };
+    for make_half in [half, cut] {
+        make_half(&d);
+        assert!(matches!(tiny_state(&d).unwrap(), TinyState::HalfMade(_)));
+        match ensure_tiny_checkpoint(&d, 7, false).unwrap() {
+            Ensured::Remade { why, tensors } => assert!(!why.is_empty() && tensors == tensor_count()),
+            other => panic!("expected a remake, got {other:?}"),
+        }
+        assert!(inspect_dir(&d).unwrap().ok());
+    }
+    // The demo says so.
+    half(&d);
+    let r = k3(&["demo", "--model", s(&d), "--max-new-tokens", "1"], &[], T);
+    assert!(r.ok() && r.stdout.contains("half-made"), "{r:?}");
+
+    // A folder holding anything else is not touched.
+    let foreign = tmp("tiny-foreign").join("mine");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("notes.txt"), "keep").unwrap();
+    assert_eq!(ensure_tiny_checkpoint(&foreign, 7, false).unwrap(), Ensured::NotTiny);
+    assert!(model_k3::tiny::write_tiny_checkpoint(&foreign, 7, false).is_err());
+    assert_eq!(std::fs::read_to_string(foreign.join("notes.txt")).unwrap(), "keep");
+}
+
+fn tensor_count() -> usize {
+    let cfg = model_k3::config::K3Config::from_json_str(model_k3::config::TINY_CONFIG_JSON).unwrap();
+    model_k3::inventory::expected_tensors(&cfg, model_k3::inventory::ExpertStorage::Mxfp4).len()
+}
+
+/// Two `k3 demo` started together in an empty folder both succeed (one used to fail with
+/// "neither model.safetensors.index.json nor model.safetensors found").
+#[test]
+fn two_demos_started_together_both_succeed() {
+    for trial in 0..3 {
+        let cwd = tmp("two-demos");
+        let spawn = || {
+            let cwd = cwd.clone();
+            std::thread::spawn(move || k3_in(Some(&cwd), &["demo", "--max-new-tokens", "1"], &[], Duration::from_secs(120)))
+        };
+        let (a, b) = (spawn(), spawn());
+        for r in [a.join().unwrap(), b.join().unwrap()] {
+            assert!(r.ok() && r.stdout.contains("-> OK"), "trial {trial}: {r:?}");
+        }
+        let ck = Checkpoint::open(&cwd.join("tiny-k3")).unwrap();
+        assert!(ck.problems.is_empty());
+    }
+}
+
+// ---- messages -------------------------------------------------------------------------------
+
+fn open_err(d: &Path) -> String {
+    Checkpoint::open(d).err().map(|e| e.to_string()).unwrap_or_else(|| panic!("{} opened", d.display()))
+}
+
+#[test]
+fn truncated_and_padded_shards_say_which() {
+    let d = tiny("trunc");
+    let p = d.join(shard_file_name(5, 6));
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() - 100]).unwrap();
+    let e = open_err(&d);
+    let want = format!("the header's tensors need {} bytes, the file has {} (100 bytes missing", bytes.len(), bytes.len() - 100);
+    assert!(e.contains("truncated") && e.contains(&want) && e.contains("model-00006-of-000006"), "{e}");
+    let mut padded = bytes.clone();
+    padded.extend_from_slice(&[0u8; 24]);
+    std::fs::write(&p, &padded).unwrap();
+    let e = open_err(&d);
+    assert!(e.contains("24 bytes of trailing data") && !e.contains("truncated"), "{e}");
+    std::fs::write(&p, &bytes[..bytes.len() / 3]).unwrap();
+    assert!(open_err(&d).contains("truncated"));
+    std::fs::write(&p, &bytes[..50]).unwrap();
+    assert!(open_err(&d).contains("truncated inside the header"));
+}
+
+#[test]
+fn header_edits_name_the_tensor() {
+    let d = tiny("header-edit");
+    let p = d.join(shard_file_name(5, 6));
+    let bytes = std::fs::read(&p).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
+    let bad = header.replacen("[512,128]", "[512,127]", 1);
+    assert_ne!(bad, header);
+    let mut out = bytes[..8].to_vec();
+    out.extend_from_slice(bad.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(&p, &out).unwrap();
+    let e = open_err(&d);
+    assert!(e.contains("tensor `language_model.") && e.contains("[512, 127]") && e.contains("needs 130048 bytes"), "{e}");
+}
+
+#[test]
+fn config_values_are_reported_under_their_own_name() {
+    for (key, value) in [
+        ("num_experts", json!(0)),
+        ("activation_situ_beta", json!(0.0)),
+        ("activation_situ_beta", json!(-2.0)),
+        ("activation_situ_linear_beta", json!(-1.0)),
+        ("rms_norm_eps", json!(1e300)),
+        ("routed_scaling_factor", json!(0)),
+        ("num_expert_group", json!("8")),
+    ] {
+        let d = tiny("cfg-field");
+        edit_config(&d, |t| t[key] = value.clone());
+        let e = inspect_dir(&d).unwrap_err();
+        assert_eq!(field(&e), key, "{key} = {value}: {e}");
+    }
+}
