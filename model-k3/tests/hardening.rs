@@ -464,3 +464,52 @@ fn config_values_are_reported_under_their_own_name() {
         assert_eq!(field(&e), key, "{key} = {value}: {e}");
     }
 }
+
+/// The cost of the loader's finiteness check, for the record (run it in release:
+/// `cargo test --release -p model-k3 --test hardening -- --ignored --nocapture finite_check_cost`):
+/// the whole tiny-checkpoint load against the check alone over the same bytes, and the check's
+/// throughput on a 256 MiB bf16 buffer (the figure to scale to a large checkpoint).
+#[test]
+#[ignore]
+fn finite_check_cost() {
+    use model_k3::finite::{first_nonfinite, Encoding};
+    let d = tiny("finite-cost");
+    let ck = Checkpoint::open(&d).unwrap();
+    let reps = 20;
+    let t = Instant::now();
+    for _ in 0..reps {
+        model_k3::weights::ModelWeights::load(&ck, &CpuBackend::new(), &mut |_| {}).unwrap();
+    }
+    let load = t.elapsed().as_secs_f64() / reps as f64;
+    let t = Instant::now();
+    let mut bytes = 0usize;
+    for _ in 0..reps {
+        for e in ck.tensors.values() {
+            let b = ck.bytes(e);
+            bytes += b.len();
+            assert_eq!(first_nonfinite(Encoding::of(&e.name, e.dtype), b), None);
+        }
+    }
+    let check = t.elapsed().as_secs_f64() / reps as f64;
+    println!("tiny checkpoint: load {:.2} ms, finiteness check alone {:.3} ms ({:.1}% of the load) over {} bytes", load * 1e3, check * 1e3, 100.0 * check / load, bytes / reps);
+    let big = vec![0x3Fu8; 256 << 20];
+    for (name, enc) in [("bf16", Encoding::Float(kernel_api::DType::BF16)), ("f32", Encoding::Float(kernel_api::DType::F32)), ("e8m0", Encoding::E8m0)] {
+        let t = Instant::now();
+        for _ in 0..4 {
+            assert_eq!(first_nonfinite(enc, std::hint::black_box(&big)), None);
+        }
+        let s = t.elapsed().as_secs_f64() / 4.0;
+        println!("{name}: check {:.2} GB/s on one core", big.len() as f64 / s / 1e9);
+    }
+    // What the loader does per tensor: the copy out of the shard, with and without the check.
+    let enc = Encoding::Float(kernel_api::DType::BF16);
+    let time = |f: &dyn Fn() -> usize| {
+        let t = Instant::now();
+        let n: usize = (0..4).map(|_| f()).sum();
+        assert!(n > 0);
+        t.elapsed().as_secs_f64() / 4.0
+    };
+    let plain = time(&|| std::hint::black_box(big.to_vec()).len());
+    let fused = time(&|| std::hint::black_box(model_k3::finite::copy_checked(enc, &big).unwrap()).len());
+    println!("256 MiB bf16 copy: plain {:.1} ms ({:.2} GB/s), checked {:.1} ms ({:+.0}%)", plain * 1e3, big.len() as f64 / plain / 1e9, fused * 1e3, 100.0 * (fused / plain - 1.0));
+}
