@@ -3,6 +3,9 @@
 //! or unbounded memory is a test failure, not a stuck CI job).
 #![allow(dead_code)]
 
+pub mod mutate;
+pub mod requests;
+
 use model_k3::tiny::write_tiny_checkpoint;
 use serde_json::Value;
 use std::ffi::OsStr;
