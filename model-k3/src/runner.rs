@@ -110,17 +110,26 @@ pub fn max_context(cfg: &K3Config) -> usize {
     }
 }
 
-/// Checks a `k3 run` request against the model before anything is allocated and returns the
-/// positions the sequence will hold (the cache is sized for them). Errors name the flag:
-/// `--max-new-tokens` (prompt + new tokens over the model's context, see [`max_context`]),
-/// `--chunk` (0), `--logits-out` (the logits of every position over [`LOGITS_OUT_MAX_BYTES`]).
-pub fn check_run_request(cfg: &K3Config, prompt_len: usize, max_new: usize, chunk: usize, keep_logits: bool) -> Result<usize> {
+/// Checks a `k3 run` request against the model's config before the checkpoint is loaded (a
+/// large model takes minutes to load) and returns the positions the sequence will hold (the
+/// cache is sized for them). Errors name the flag: `--prompt-ids` (empty, or a token id outside
+/// the vocabulary), `--max-new-tokens` (prompt + new tokens over the model's context, see
+/// [`max_context`]), `--chunk` (0), `--kv-scale` (not finite and positive), `--logits-out` (the
+/// logits of every position over [`LOGITS_OUT_MAX_BYTES`]).
+pub fn check_run_request(cfg: &K3Config, prompt: &[u32], max_new: usize, chunk: usize, kv_scale: f32, keep_logits: bool) -> Result<usize> {
     let invalid = |flag: &str, why: String| -> ModelError { kernel_api::Error::invalid(flag, why).into() };
     if chunk == 0 {
         return Err(invalid("--chunk", "must be at least 1 token".into()));
     }
+    if !(kv_scale.is_finite() && kv_scale > 0.0) {
+        return Err(invalid("--kv-scale", format!("must be finite and positive, got {kv_scale}")));
+    }
+    let prompt_len = prompt.len();
     if prompt_len == 0 {
         return Err(invalid("--prompt-ids", "must hold at least one token".into()));
+    }
+    if let Some((i, t)) = prompt.iter().enumerate().find(|(_, &t)| t as usize >= cfg.vocab_size) {
+        return Err(invalid("--prompt-ids", format!("token {i} is {t}, outside the vocabulary of {} ids", cfg.vocab_size)));
     }
     let context = max_context(cfg);
     let tokens = prompt_len.checked_add(max_new).filter(|&t| t <= context).ok_or_else(|| {

@@ -112,13 +112,20 @@ fn max_new_tokens_is_capped_by_the_context() {
     assert!(r.stderr.contains("--logits-out"), "{r:?}");
 }
 
+/// `--chunk 0` (it used to be accepted), a `--kv-scale` that is not finite and positive, and a
+/// prompt token outside the vocabulary are refused naming the flag, from the config alone,
+/// before the checkpoint is loaded (here there is nothing to load: only config.json exists).
 #[test]
-fn chunk_zero_is_rejected() {
-    let d = tiny("chunk0");
-    let r = k3(&["run", "--model", s(&d), "--prompt-ids", "1,2", "--chunk", "0"], &[], T);
-    assert_eq!(r.code, Some(2), "{r:?}");
-    assert!(r.stderr.contains("--chunk"), "{r:?}");
-    let e = load(&d).unwrap().generate(0, &[1, 2], 1, 0).unwrap_err();
+fn run_flags_are_checked_before_loading() {
+    let d = tmp("flags");
+    std::fs::write(d.join("config.json"), model_k3::config::TINY_CONFIG_JSON).unwrap();
+    for (flag, value, prompt) in [("--chunk", "0", "1,2"), ("--kv-scale", "nan", "1,2"), ("--kv-scale", "-1", "1,2"), ("--max-new-tokens", "1", "1,512")] {
+        let r = k3(&["run", "--model", s(&d), "--prompt-ids", prompt, &format!("{flag}={value}")], &[], T);
+        assert_eq!(r.code, Some(2), "{flag} {value}: {r:?}");
+        let named = if prompt.contains("512") { "--prompt-ids" } else { flag };
+        assert!(r.stderr.contains(&format!("`{named}`")), "{flag} {value}: {r:?}");
+    }
+    let e = load(&tiny("chunk0")).unwrap().generate(0, &[1, 2], 1, 0).unwrap_err();
     assert_eq!(field(&e), "chunk", "{e}");
 }
 
