@@ -78,17 +78,18 @@ const OP_T: i32 = 1;
 
 static LIBRARY: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
 
-/// libcublasLt, found once (dynamic loader, then the toolkit roots), symbols checked.
+/// libcublasLt, found once (the full path in `K3_CUBLASLT_LIBRARY` when it is set, else the
+/// dynamic loader, then the toolkit roots), symbols checked.
 fn library() -> std::result::Result<&'static Lib, String> {
     LIBRARY
         .get_or_init(|| {
-            let lib = Lib::find("cublasLt", true).map_err(|nf: NotFound| {
+            let lib = Lib::from_env("K3_CUBLASLT_LIBRARY", "cublasLt").unwrap_or_else(|| Lib::find("cublasLt", true).map_err(|nf: NotFound| {
                 format!(
                     "cuBLASLt not found (searched {}); install it (`pip install nvidia-cublas` and set CUDA_HOME to \
                      its nvidia/cu13 folder, or a CUDA toolkit) or add the folder of libcublasLt.so.* to LD_LIBRARY_PATH",
                     nf.describe()
                 )
-            })?;
+            }))?;
             let missing = lib.missing(SYMBOLS);
             if missing.is_empty() {
                 Ok(lib)

@@ -49,10 +49,14 @@ const REQUIRED: &[&str] = &[
 
 static DRIVER: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
 
-/// libcuda, opened once, as cudarc will open it (same names, same order).
+/// libcuda, opened once: the full path in `K3_CUDA_DRIVER_LIBRARY` when it is set (the driver
+/// stand-in is selected this way), else as cudarc will open it (same names, same order).
 pub fn driver_lib() -> Result<&'static Lib> {
     DRIVER
         .get_or_init(|| {
+            if let Some(explicit) = Lib::from_env("K3_CUDA_DRIVER_LIBRARY", "cuda") {
+                return explicit;
+            }
             Lib::find("cuda", false).map_err(|nf| {
                 format!(
                     "the CUDA driver library libcuda is not installed (searched {} with the dynamic loader); \

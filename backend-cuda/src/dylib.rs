@@ -8,9 +8,23 @@
 //! `/usr/local/cuda`. A library found by full path is kept loaded for the life of the process,
 //! so cudarc's own later `dlopen("libnvrtc.so.13")` finds it by its soname. [`Lib::has`] checks
 //! a symbol before cudarc would load it.
+//!
+//! An explicit library ([`Lib::from_env`]: `K3_CUDA_DRIVER_LIBRARY`, `K3_CUBLASLT_LIBRARY`, full
+//! paths) is opened first and replaces the search, by the same mechanism: its soname must be
+//! the first name cudarc tries (`libcuda.so`, `libcublasLt.so`), which is checked, so cudarc
+//! never mixes in another library. This is how the emulator-backed stand-ins (`standin/`) are
+//! selected; nothing else finds them.
 
 use libloading::Library;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The dynamic loader's handle for `path` (the same value for every name of one loaded object).
+/// The reference it takes is never released: these libraries stay loaded for the process.
+fn raw_handle(path: &Path) -> Result<usize, String> {
+    // SAFETY: as for every library load here; the object is already loaded or is a CUDA library.
+    let l = unsafe { libloading::os::unix::Library::new(path) }.map_err(|e| e.to_string())?;
+    Ok(l.into_raw() as usize)
+}
 
 /// An opened library: where it came from and the handle (kept open for the process).
 #[derive(Debug)]
@@ -96,6 +110,37 @@ impl Lib {
             }
         }
         Err(NotFound { searched })
+    }
+
+    /// The library named by the environment variable `var` (a full path), when it is set: opened,
+    /// and checked to be what cudarc's own lookup of `stem` opens (the first of its candidate
+    /// names that loads must resolve to this very object). `None` when `var` is unset or empty.
+    pub fn from_env(var: &str, stem: &str) -> Option<Result<Lib, String>> {
+        let raw = std::env::var_os(var).filter(|v| !v.is_empty())?;
+        let path = PathBuf::from(&raw);
+        Some(Self::open_explicit(var, &path, stem))
+    }
+
+    fn open_explicit(var: &str, path: &Path, stem: &str) -> Result<Lib, String> {
+        let shown = format!("{var}={}", path.display());
+        if !path.is_absolute() {
+            return Err(format!("{shown}: must be an absolute path"));
+        }
+        // SAFETY: loading the named library runs its initialisers, which is what using it means.
+        let lib = unsafe { Library::new(path) }.map_err(|e| format!("{shown} cannot be loaded: {e}"))?;
+        let ours = raw_handle(path).map_err(|e| format!("{shown}: {e}"))?;
+        for name in cudarc::get_lib_name_candidates(stem) {
+            match raw_handle(Path::new(&name)) {
+                Ok(h) if h == ours => return Ok(Lib { found_as: path.display().to_string(), lib }),
+                Ok(_) => {
+                    return Err(format!(
+                        "{shown} is loaded, but cudarc would open another library as `{name}`: give the library the soname `{name}`"
+                    ))
+                }
+                Err(_) => continue,
+            }
+        }
+        Err(format!("{shown} is loaded, but none of cudarc's names for lib{stem} resolves to it: its soname must be lib{stem}.so"))
     }
 
     /// Whether the library exports `symbol`.

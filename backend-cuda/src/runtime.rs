@@ -533,14 +533,17 @@ impl Runtime for CudaRuntime {
         let cname = CString::new(name).map_err(|_| Error::invalid("name", "kernel name contains a NUL byte"))?;
         self.bind()?;
         let mut found = Vec::new();
+        let mut not_found = None;
         for p in &module.0.parts {
             // SAFETY: a module loaded in this context; a valid C string.
             match unsafe { result::module::get_function(p.module, cname.clone()) } {
                 Ok(f) => found.push((p.file.as_str(), f)),
-                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_FOUND => {}
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_FOUND => not_found = Some(driver::describe(e)),
                 Err(e) => return Err(Error::Driver { call: format!("cuModuleGetFunction({name})"), why: driver::describe(e) }),
             }
         }
+        // The driver's own words when the module is a single image (several say "not here" each).
+        let detail = not_found.filter(|_| module.0.parts.len() == 1).map(|d| format!(": {d}")).unwrap_or_default();
         match found.as_slice() {
             [(_, f)] => Ok(CudaKernel {
                 func: *f,
@@ -548,7 +551,7 @@ impl Runtime for CudaRuntime {
                 module: module.0.clone(),
             }),
             [] => Err(Error::Unavailable {
-                why: format!("no kernel `{name}` in module `{}` ({} file(s))", module.0.name, module.0.parts.len()),
+                why: format!("no kernel `{name}` in module `{}` ({} file(s)){detail}", module.0.name, module.0.parts.len()),
             }),
             many => Err(Error::Unavailable {
                 why: format!(

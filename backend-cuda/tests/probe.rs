@@ -69,12 +69,19 @@ fn scratch_dir(tag: &str) -> PathBuf {
 /// Builds the stub as libcuda.so and libcuda.so.1 in `dir` (both names: the loader tries
 /// libcuda.so first, which a real driver elsewhere on the machine might answer).
 fn build_stub(dir: &Path, mode: u32) -> Result<(), String> {
+    build_stub_named(dir, mode, "libcuda.so.1")?;
+    std::fs::copy(dir.join("libcuda.so.1"), dir.join("libcuda.so")).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Builds the stub with `soname` as `dir/<soname>`.
+fn build_stub_named(dir: &Path, mode: u32, soname: &str) -> Result<(), String> {
     let src = dir.join("stub.c");
     std::fs::write(&src, STUB_C).map_err(|e| e.to_string())?;
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let lib = dir.join("libcuda.so.1");
+    let lib = dir.join(soname);
     let out = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", &format!("-DSTUB_MODE={mode}")])
+        .args(["-shared", "-fPIC", "-O1", &format!("-Wl,-soname,{soname}"), &format!("-DSTUB_MODE={mode}")])
         .arg(&src)
         .arg("-o")
         .arg(&lib)
@@ -83,7 +90,6 @@ fn build_stub(dir: &Path, mode: u32) -> Result<(), String> {
     if !out.status.success() {
         return Err(format!("`{cc}` failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
-    std::fs::copy(&lib, dir.join("libcuda.so")).map_err(|e| e.to_string())?;
     Ok(())
 }
 
@@ -94,18 +100,34 @@ fn run_child(mode: u32) -> String {
         let _ = std::fs::remove_dir_all(&dir);
         panic!("could not build the stub libcuda with the C compiler: {e}");
     }
-    let exe = std::env::current_exe().expect("test binary path");
     let ld = match std::env::var("LD_LIBRARY_PATH") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
         _ => dir.display().to_string(),
     };
+    child_reason(mode, &dir, &[("LD_LIBRARY_PATH", ld)])
+}
+
+/// Runs `stub_child` with the stub `mode` named `soname` selected by K3_CUDA_DRIVER_LIBRARY
+/// (its folder is on no search path).
+fn run_child_explicit(mode: u32, soname: &str) -> String {
+    let dir = scratch_dir(&format!("explicit{mode}"));
+    if let Err(e) = build_stub_named(&dir, mode, soname) {
+        let _ = std::fs::remove_dir_all(&dir);
+        panic!("could not build the stub libcuda with the C compiler: {e}");
+    }
+    let path = dir.join(soname).display().to_string();
+    child_reason(mode, &dir, &[("K3_CUDA_DRIVER_LIBRARY", path)])
+}
+
+fn child_reason(mode: u32, dir: &Path, env: &[(&str, String)]) -> String {
+    let exe = std::env::current_exe().expect("test binary path");
     let out = Command::new(exe)
         .args(["--ignored", "--exact", "stub_child", "--nocapture", "--test-threads=1"])
-        .env("LD_LIBRARY_PATH", ld)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("K3_STUB_MODE", mode.to_string())
         .output()
         .expect("spawn the child test");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "child failed (mode {mode}):\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("1 passed"), "the child test did not run:\n{stdout}");
@@ -135,12 +157,23 @@ fn driver_without_needed_symbols_is_unavailable_naming_them() {
     assert!(why.contains("lacks") && why.contains("cuMemAlloc_v2") && why.contains("CUDA 11.2"), "{why}");
 }
 
+/// K3_CUDA_DRIVER_LIBRARY selects a library by path; cudarc then finds it by its soname.
+#[test]
+fn explicit_driver_library_is_used_when_cudarc_resolves_to_it() {
+    let why = run_child_explicit(1, "libcuda.so");
+    assert!(why.contains("CUDA_ERROR_NO_DEVICE") && why.contains("explicit1"), "{why}");
+    // A soname cudarc never asks for: cudarc would load another library (or none), so it is refused.
+    let why = run_child_explicit(1, "libk3stub.so");
+    assert!(why.contains("K3_CUDA_DRIVER_LIBRARY=") && why.contains("soname"), "{why}");
+}
+
 /// The child side: run with LD_LIBRARY_PATH at a stub libcuda (see `run_child`).
 #[test]
 #[ignore = "runs only as the child process of the stub tests"]
 fn stub_child() {
     let mode: u32 = std::env::var("K3_STUB_MODE").expect("K3_STUB_MODE").parse().expect("mode");
-    assert!(k3_backend_cuda::driver_present(), "the stub libcuda was not found on LD_LIBRARY_PATH");
+    let explicit = std::env::var_os("K3_CUDA_DRIVER_LIBRARY").is_some();
+    assert!(explicit || k3_backend_cuda::driver_present(), "the stub libcuda was not found on LD_LIBRARY_PATH");
     let why = unavailable_reason(CudaRuntime::new(0));
     // The same answer from device_count, and again from a second probe (no state left behind).
     match CudaRuntime::device_count() {

@@ -18,6 +18,7 @@ extern "C" {
         nparams: *mut c_int,
         file: *mut *const c_char,
     ) -> c_int;
+    pub fn simt_kernel_params(f: *const c_void, descs: *mut *const u8, nparams: *mut c_int) -> c_int;
     pub fn simt_launch_kernel(
         f: *const c_void,
         grid: *const u32,

@@ -20,6 +20,6 @@ mod runtime;
 
 pub use backend::{simt_backend, simt_backend_from, SimtBackend};
 pub use runtime::{
-    asan_enabled, context_backend, kernels, mma_layout, worker_count, KernelInfo, MmaOperand, MmaShape, SimtBuffer,
+    asan_enabled, context_backend, kernels, mma_layout, worker_count, KernelInfo, MmaOperand, MmaShape, ParamKind, SimtBuffer,
     SimtEvent, SimtKernel, SimtModule, SimtRuntime, SimtStream, MAX_SHARED_LIMIT,
 };

@@ -130,6 +130,51 @@ impl SimtKernel {
     pub fn name(&self) -> &str {
         &self.name
     }
+    pub fn warp_size(&self) -> u32 {
+        self.warp_size
+    }
+
+    /// The kernel's parameters, in order, as its C++ signature declares them (recorded at
+    /// registration by `K3_EXPORT`).
+    pub fn params(&self) -> Vec<ParamKind> {
+        let (mut descs, mut n): (*const u8, c_int) = (std::ptr::null(), 0);
+        // SAFETY: the handle came from simt_get_function; out-pointers to locals.
+        if unsafe { ffi::simt_kernel_params(self.handle.0, &mut descs, &mut n) } != ffi::SIMT_OK || descs.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: the registry holds `n` descriptors for the process's lifetime.
+        let descs = unsafe { std::slice::from_raw_parts(descs, n.max(0) as usize) };
+        descs.iter().map(|&d| ParamKind::from_desc(d)).collect()
+    }
+}
+
+/// One kernel parameter as the kernel's C++ signature declares it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParamKind {
+    /// A pointer (a device address).
+    Pointer,
+    /// A scalar of this many bytes.
+    Scalar(u8),
+}
+
+impl ParamKind {
+    /// From the registry's byte: bit 7 = pointer, low 7 bits = size (`ParamDesc` in
+    /// `k3/simt_abi.h`).
+    fn from_desc(d: u8) -> Self {
+        if d & 0x80 != 0 {
+            ParamKind::Pointer
+        } else {
+            ParamKind::Scalar(d & 0x7f)
+        }
+    }
+
+    /// Bytes the parameter's value occupies.
+    pub fn size(self) -> usize {
+        match self {
+            ParamKind::Pointer => std::mem::size_of::<*const u8>(),
+            ParamKind::Scalar(n) => n as usize,
+        }
+    }
 }
 
 impl fmt::Debug for SimtKernel {

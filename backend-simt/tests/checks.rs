@@ -169,3 +169,16 @@ fn every_test_kernel_is_registered_at_both_warp_sizes() {
     let reduce = ks.iter().find(|k| k.name == "block_reduce").unwrap();
     assert_eq!((reduce.nparams, reduce.file.as_str()), (6, "tests/reduce.cu"));
 }
+
+/// The registry records each parameter's kind from the kernel's C++ signature:
+/// `block_reduce(const float*, int, float*, float*, int*, int*)`.
+#[test]
+fn kernels_record_their_parameter_kinds() {
+    use k3_backend_simt::ParamKind::{Pointer, Scalar};
+    for warp in WARPS {
+        let rt = SimtRuntime::new(warp).unwrap();
+        let k = rt.kernel(&rt.module(), "block_reduce").unwrap();
+        assert_eq!(k.params(), vec![Pointer, Scalar(4), Pointer, Pointer, Pointer, Pointer], "warp {warp}");
+        assert_eq!(k.params().iter().map(|p| p.size()).sum::<usize>(), 5 * 8 + 4);
+    }
+}

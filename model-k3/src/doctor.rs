@@ -206,7 +206,11 @@ pub fn run_doctor(backend: &str) -> DoctorReport {
         "cuda" => staged_checks(
             &mut r,
             || k3_backend_cuda::cuda_backend(0).map_err(|e| e.to_string()),
-            || Ok("op kernels loaded (embedded fatbin for this arch, else NVRTC)".to_string()),
+            || {
+                k3_backend_cuda::CudaRuntime::new(0)
+                    .map(|rt| format!("op kernels loaded from {}", rt.kernel_availability()))
+                    .map_err(|e| e.to_string())
+            },
         ),
         other => {
             let why = r.backends.iter().find(|b| b.name == other).map(|b| b.reason.clone()).unwrap_or_else(|| format!("unknown backend `{other}`"));

@@ -130,8 +130,9 @@ void write_err(char* err, size_t err_len, const std::string& msg) {
 
 }  // namespace
 
-Registrar::Registrar(const char* name, int warp_size, Thunk thunk, int nparams, const char* file) {
-  registry().push_back(KernelEntry{name, warp_size, thunk, nparams, file});
+Registrar::Registrar(const char* name, int warp_size, Thunk thunk, int nparams, const ParamDesc* params,
+                     const char* file) {
+  registry().push_back(KernelEntry{name, warp_size, thunk, nparams, params, file});
 }
 
 }  // namespace simt
@@ -167,6 +168,15 @@ int simt_kernel_info(size_t i, const char** name, int* warp_size, int* nparams, 
   *warp_size = r[i].warp_size;
   *nparams = r[i].nparams;
   *file = r[i].file;
+  return SIMT_OK;
+}
+
+// The parameter descriptions of a kernel handle (see ParamDesc in k3/simt_abi.h).
+int simt_kernel_params(const void* f, const uint8_t** descs, int* nparams) {
+  const KernelEntry* k = static_cast<const KernelEntry*>(f);
+  if (k == nullptr) return SIMT_INVALID;
+  *descs = k->params;
+  *nparams = k->nparams;
   return SIMT_OK;
 }
 

@@ -32,6 +32,7 @@ struct KernelEntry {
   int warp_size;
   Thunk thunk;
   int nparams;
+  const ParamDesc* params;  // nparams entries
   const char* file;
 };
 

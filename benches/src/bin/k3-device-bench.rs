@@ -655,6 +655,9 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
     }
     let failed = failures.len();
     let report = report(&c, o, copy, copy_source, &failures);
+    if timing(b) == "emulated" {
+        println!("NOTE: {} is an emulated device (SIMT emulator or k3 stand-in): these timings measure the emulator on the host CPU and mean nothing as GPU figures", b.device_info().name);
+    }
     println!("k3-device-bench on {} ({}), copy {:.1} GB/s copied ({copy_source}), median of {} after {} warmup", b.name(), b.device_info().name, copy, o.iters, o.warmup);
     println!("{:<17} {:>10} {:>9} {:>9} {:>7}  shape / dtype", "op", "us", "TFLOP/s", "GB/s", "%copy");
     for (r, v) in c.rows.iter().zip(report["rows"].as_array().into_iter().flatten()) {
@@ -671,6 +674,17 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
         return Err(Error::invalid("cases", format!("{failed} case(s) failed (listed in the report)")));
     }
     Ok(())
+}
+
+/// `emulated` when the device is the SIMT emulator or a driver stand-in running on it (its
+/// timings are the host CPU's, meaningless as GPU figures), else `device`.
+fn timing<R: Runtime>(b: &GpuBackend<R>) -> &'static str {
+    let info = b.device_info();
+    if info.kind == kernel_api::BackendKind::Simt || info.name.starts_with("k3 stand-in") {
+        "emulated"
+    } else {
+        "device"
+    }
 }
 
 /// The JSON report of the rows so far.
@@ -693,6 +707,8 @@ fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, 
         "schema": "k3-device-bench/1",
         "backend": c.b.name(),
         "device": c.b.device_info().name,
+        "arch": c.b.device_info().arch,
+        "timing": timing(c.b),
         "smoke": o.smoke,
         "warmup": o.warmup,
         "iters": o.iters,
@@ -712,6 +728,13 @@ fn write_report(path: &std::path::Path, report: &Value) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The emulator's timings are labelled as such in the report.
+    #[test]
+    fn emulated_devices_label_their_timings() {
+        let b = k3_backend_simt::simt_backend(64).expect("simt64");
+        assert_eq!(timing(&b), "emulated");
+    }
 
     /// Tensors larger than the host pattern are filled by repeated D2D copies: every byte must
     /// continue the pattern, across copy boundaries and in the partial last copy.

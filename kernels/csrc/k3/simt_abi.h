@@ -64,8 +64,13 @@ void warp_mma(int shape, const uint16_t* a, const uint16_t* b, const float* c, f
 
 // Kernel registration (K3_EXPORT): a thunk unpacks cuLaunchKernel-style parameter pointers.
 typedef void (*Thunk)(void** params);
+// One byte per kernel parameter, from the kernel's C++ signature: the size in bytes (low 7 bits),
+// with kParamPointer set for a pointer. The driver stand-ins (crate k3-standin) use it to copy
+// parameter values into graphs and to check every pointer parameter against the allocations.
+typedef uint8_t ParamDesc;
+constexpr ParamDesc kParamPointer = 0x80;
 struct Registrar {
-  Registrar(const char* name, int warp_size, Thunk thunk, int nparams, const char* file);
+  Registrar(const char* name, int warp_size, Thunk thunk, int nparams, const ParamDesc* params, const char* file);
 };
 
 }  // namespace simt

@@ -30,11 +30,20 @@
 namespace k3 {
 namespace simt {
 // Unpacks cuLaunchKernel-style parameter pointers into a call of the kernel.
+template <class T>
+constexpr ParamDesc param_desc() {
+  static_assert(std::is_pointer<T>::value || std::is_arithmetic<T>::value || std::is_enum<T>::value,
+                "kernel parameters are pointers or scalars");
+  static_assert(sizeof(T) < kParamPointer, "a kernel parameter's size must fit 7 bits");
+  return static_cast<ParamDesc>(sizeof(T) | (std::is_pointer<T>::value ? kParamPointer : 0));
+}
 template <class F>
 struct KernelThunk;
 template <class... A>
 struct KernelThunk<void (*)(A...)> {
   static constexpr int kParams = static_cast<int>(sizeof...(A));
+  // One entry per parameter (plus a terminator, so a kernel without parameters has an array).
+  static constexpr ParamDesc kDescs[sizeof...(A) + 1] = {param_desc<A>()..., 0};
   template <void (*F)(A...), size_t... I>
   static void call(void** p, std::index_sequence<I...>) {
     (void)p;
@@ -52,7 +61,8 @@ struct KernelThunk<void (*)(A...)> {
 #define K3_EXPORT(kernel)                                                                          \
   static const ::k3::simt::Registrar K3_CAT(k3_registrar_, kernel)(                                \
       #kernel, K3_WARP_SIZE, &::k3::simt::KernelThunk<decltype(&kernel)>::template entry<&kernel>, \
-      ::k3::simt::KernelThunk<decltype(&kernel)>::kParams, __FILE__)
+      ::k3::simt::KernelThunk<decltype(&kernel)>::kParams, ::k3::simt::KernelThunk<decltype(&kernel)>::kDescs, \
+      __FILE__)
 
 K3_BEGIN
 
