@@ -208,7 +208,8 @@ const BF16_NAN: [u8; 2] = [0xC0, 0x7F];
 
 #[test]
 fn non_finite_weights_are_refused_with_the_tensor_named() {
-    let cases: [(&str, fn(&mut [u8])); 6] = [
+    type Patch = fn(&mut [u8]);
+    let cases: [(&str, Patch); 6] = [
         ("language_model.lm_head.weight", |b| b[200..202].copy_from_slice(&BF16_NAN)),
         ("language_model.model.embed_tokens.weight", |b| b[0..2].copy_from_slice(&[0x80, 0xFF])), // -inf
         ("language_model.model.layers.2.self_attn.q_proj.weight", |b| b[10..12].copy_from_slice(&BF16_NAN)),

@@ -113,7 +113,7 @@ pub fn mutate(r: &mut TestRng, base: &Request, host_metadata: bool) -> (std::col
         let names: Vec<String> = inputs.keys().cloned().collect();
         match r.below(12) {
             // Params: a value replaced, a key removed, a key added, the whole file replaced.
-            0 | 1 | 2 => {
+            0..=2 => {
                 let mut ps = Vec::new();
                 paths(&params, &mut Vec::new(), &mut ps);
                 if let Some(p) = (!ps.is_empty()).then(|| ps[r.below(ps.len())].clone()) {
@@ -170,7 +170,7 @@ pub fn mutate(r: &mut TestRng, base: &Request, host_metadata: bool) -> (std::col
                 let dt = DType::ALL[r.below(DType::ALL.len())];
                 inputs.insert(name.clone(), tensor(r, dt, &shape, host_metadata));
             }
-            9 | 10 if !names.is_empty() => {
+            9..=10 if !names.is_empty() => {
                 let name = &names[r.below(names.len())];
                 let old = &inputs[name];
                 let mut shape = old.shape.clone();
