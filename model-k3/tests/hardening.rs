@@ -412,48 +412,7 @@ fn two_demos_started_together_both_succeed() {
     }
 }
 
-// ---- messages -------------------------------------------------------------------------------
-
-fn open_err(d: &Path) -> String {
-    Checkpoint::open(d).err().map(|e| e.to_string()).unwrap_or_else(|| panic!("{} opened", d.display()))
-}
-
-#[test]
-fn truncated_and_padded_shards_say_which() {
-    let d = tiny("trunc");
-    let p = d.join(shard_file_name(5, 6));
-    let bytes = std::fs::read(&p).unwrap();
-    std::fs::write(&p, &bytes[..bytes.len() - 100]).unwrap();
-    let e = open_err(&d);
-    let want = format!("the header's tensors need {} bytes, the file has {} (100 bytes missing", bytes.len(), bytes.len() - 100);
-    assert!(e.contains("truncated") && e.contains(&want) && e.contains("model-00006-of-000006"), "{e}");
-    let mut padded = bytes.clone();
-    padded.extend_from_slice(&[0u8; 24]);
-    std::fs::write(&p, &padded).unwrap();
-    let e = open_err(&d);
-    assert!(e.contains("24 bytes of trailing data") && !e.contains("truncated"), "{e}");
-    std::fs::write(&p, &bytes[..bytes.len() / 3]).unwrap();
-    assert!(open_err(&d).contains("truncated"));
-    std::fs::write(&p, &bytes[..50]).unwrap();
-    assert!(open_err(&d).contains("truncated inside the header"));
-}
-
-#[test]
-fn header_edits_name_the_tensor() {
-    let d = tiny("header-edit");
-    let p = d.join(shard_file_name(5, 6));
-    let bytes = std::fs::read(&p).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
-    let bad = header.replacen("[512,128]", "[512,127]", 1);
-    assert_ne!(bad, header);
-    let mut out = bytes[..8].to_vec();
-    out.extend_from_slice(bad.as_bytes());
-    out.extend_from_slice(&bytes[8 + n..]);
-    std::fs::write(&p, &out).unwrap();
-    let e = open_err(&d);
-    assert!(e.contains("tensor `language_model.") && e.contains("[512, 127]") && e.contains("needs 130048 bytes"), "{e}");
-}
+// ---- messages (truncated shards and header edits: tests/checkpoint.rs) ----------------------
 
 #[test]
 fn config_values_are_reported_under_their_own_name() {
