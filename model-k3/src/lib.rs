@@ -4,7 +4,8 @@
 //! - [`inventory`]: the tensors a checkpoint must hold for a config;
 //! - [`checkpoint`]: HF-layout loading (index, memory-mapped shards, header-only open);
 //! - [`inspect`]: checkpoint conformance against the config;
-//! - [`tiny`]: the deterministic tiny checkpoint generator;
+//! - [`tiny`]: the deterministic tiny checkpoint generator; [`tiny_folder`]: its atomic,
+//!   lock-serialised folder and the complete / half-made check;
 //! - [`op_cli`]: `k3 op`, one op on tensors from a safetensors file (reproduction packages);
 //! - [`limits`]: the caps on every size taken from a file or a flag; [`files`]: regular-file
 //!   readers and replace-by-rename writers; [`st_header`]: precise safetensors header errors.
@@ -25,6 +26,7 @@ pub mod op_cli;
 pub mod runner;
 pub mod st_header;
 pub mod tiny;
+pub mod tiny_folder;
 pub mod weights;
 
 pub use error::{ModelError, Result};

@@ -11,7 +11,7 @@ use model_k3::checkpoint::{shard_file_name, Checkpoint, INDEX_FILE};
 use model_k3::inspect::inspect_dir;
 use model_k3::model::ModelOptions;
 use model_k3::runner::{load_model, parity, Generation};
-use model_k3::tiny::{ensure_tiny_checkpoint, tiny_state, Ensured, TinyState, COMPLETE_MARKER};
+use model_k3::tiny_folder::{ensure_tiny_checkpoint, tiny_state, Ensured, TinyState, COMPLETE_MARKER};
 use model_k3::ModelError;
 use serde_json::json;
 use std::path::Path;
