@@ -122,6 +122,11 @@ fn output_target(path: &Path) -> io::Result<PathBuf> {
     }
 }
 
+/// Checks, before any work is done, that `path` may be written by [`write_replacing`].
+pub fn check_replaceable(path: &Path) -> io::Result<()> {
+    output_target(path).map(|_| ())
+}
+
 /// The start of every temporary name made for `target`: `.NAME.k3-`.
 pub(crate) fn temp_prefix(target: &Path) -> String {
     let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

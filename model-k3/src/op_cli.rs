@@ -38,7 +38,7 @@ pub mod tensors;
 pub use call::Outputs;
 pub use tensors::{read_safetensors, write_safetensors, StoredTensor};
 
-use crate::files::read_text_capped;
+use crate::files::{check_replaceable, read_text_capped};
 use crate::limits::PARAMS_FILE_MAX;
 use kernel_api::conformance::{AllOps, ALL_OPS, COMPOSITIONS};
 use kernel_api::HostTensor;
@@ -148,6 +148,7 @@ pub fn read_params(path: Option<&Path>) -> Result<serde_json::Value, OpError> {
 /// Returns the outputs written.
 pub fn run_op_files<B: AllOps>(backend: &B, op: &str, inputs: &Path, params: Option<&Path>, outputs: &Path) -> Result<Outputs, OpError> {
     let op = op_name(op)?;
+    check_replaceable(outputs).map_err(|e| OpError::file(outputs, e.to_string()))?;
     let params = read_params(params)?;
     let stored = read_safetensors(inputs)?;
     let host: BTreeMap<String, HostTensor> = stored.iter().map(|(k, v)| (k.clone(), v.tensor.clone())).collect();

@@ -6,7 +6,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{ModelError, Result};
 use crate::config::K3Config;
 use crate::exec::ModelBackend;
-use crate::files::write_bytes_replacing;
+use crate::files::{check_replaceable, write_bytes_replacing};
 use crate::inspect::inspect_checkpoint;
 use crate::limits::{DEFAULT_MAX_CONTEXT, LOGITS_OUT_MAX_BYTES};
 use crate::model::{K3Model, ModelOptions};
@@ -114,10 +114,14 @@ pub fn max_context(cfg: &K3Config) -> usize {
 /// large model takes minutes to load) and returns the positions the sequence will hold (the
 /// cache is sized for them). Errors name the flag: `--prompt-ids` (empty, or a token id outside
 /// the vocabulary), `--max-new-tokens` (prompt + new tokens over the model's context, see
-/// [`max_context`]), `--chunk` (0), `--kv-scale` (not finite and positive), `--logits-out` (the
-/// logits of every position over [`LOGITS_OUT_MAX_BYTES`]).
-pub fn check_run_request(cfg: &K3Config, prompt: &[u32], max_new: usize, chunk: usize, kv_scale: f32, keep_logits: bool) -> Result<usize> {
+/// [`max_context`]), `--chunk` (0), `--kv-scale` (not finite and positive), `--logits-out` (not
+/// a file that may be replaced, or the logits of every position over [`LOGITS_OUT_MAX_BYTES`]).
+pub fn check_run_request(cfg: &K3Config, prompt: &[u32], max_new: usize, chunk: usize, kv_scale: f32, logits_out: Option<&Path>) -> Result<usize> {
     let invalid = |flag: &str, why: String| -> ModelError { kernel_api::Error::invalid(flag, why).into() };
+    if let Some(p) = logits_out {
+        check_replaceable(p).map_err(|e| ModelError::io(p, e))?;
+    }
+    let keep_logits = logits_out.is_some();
     if chunk == 0 {
         return Err(invalid("--chunk", "must be at least 1 token".into()));
     }

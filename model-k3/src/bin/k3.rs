@@ -167,7 +167,7 @@ fn main() -> ExitCode {
                 Ok(f) => f,
                 Err(e) => return fail(e),
             };
-            let tokens = read_config(&model).and_then(|cfg| check_run_request(&cfg, &prompt_ids, max_new_tokens, chunk, kv_scale, logits_out.is_some()));
+            let tokens = read_config(&model).and_then(|cfg| check_run_request(&cfg, &prompt_ids, max_new_tokens, chunk, kv_scale, logits_out.as_deref()));
             let opts = match tokens {
                 Ok(tokens) => ModelOptions { kv_format: fmt, kv_scale, ..run_options(tokens) },
                 Err(e) => return fail(e),
