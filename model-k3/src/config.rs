@@ -11,6 +11,12 @@
 //!
 //! There is no RoPE in K3 (`mla_use_nope: true`); a config asking for rotary embeddings is
 //! rejected rather than silently run without them.
+//!
+//! Every size and count is checked against [`crate::limits`] while parsing, and the number of
+//! tensors the config asks for is bounded before any list of them is built, so an absurd value
+//! is an error naming its key, not minutes of work or an abort. Values the ops would refuse
+//! (`activation_situ_beta` ≤ 0, `num_experts` 0, a `top_k` no group choice can reach) are
+//! refused here too, so `k3 inspect` reports what `k3 run` would.
 
 use crate::limits::{MAX_DIM, MAX_EXPERTS, MAX_LAYERS, MAX_TENSORS};
 use kernel_api::{Error, Result};
