@@ -17,7 +17,6 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 /// Bumped whenever the command lines or the cache layout change meaning.
@@ -344,32 +343,7 @@ fn cap_lines(text: &str, n: usize) -> String {
 /// Runs the jobs on at most `jobs` threads (the calling thread is one of them); results in
 /// job order.
 fn run_all(env: &BuildEnv, jobs: &[Job<'_>], max_jobs: usize) -> Vec<Result<Artifact, Failure>> {
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<Artifact, Failure>>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
-    let work = || loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        let Some(job) = jobs.get(i) else { break };
-        let r = run_job(env, job);
-        let mut guard = match results.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        if let Some(slot) = guard.get_mut(i) {
-            *slot = Some(r);
-        }
-    };
-    std::thread::scope(|s| {
-        for _ in 1..max_jobs.max(1).min(jobs.len()) {
-            // If the OS refuses a thread, the remaining ones (and this one) do the work.
-            let _ = std::thread::Builder::new().name("k3-device-compile".into()).spawn_scoped(s, work);
-        }
-        work();
-    });
-    let results = match results.into_inner() {
-        Ok(r) => r,
-        Err(p) => p.into_inner(),
-    };
-    results
+    crate::par::map(jobs, max_jobs, "k3-device-compile", |job| run_job(env, job))
         .into_iter()
         .zip(jobs)
         .map(|(r, job)| {

@@ -36,6 +36,8 @@ pub mod disasm;
 pub mod embed;
 pub mod env;
 pub mod hash;
+mod par;
+pub mod resources;
 pub mod sources;
 pub mod toolchain;
 

@@ -39,6 +39,39 @@ pub fn kernel_sources(csrc: &Path) -> Result<Vec<PathBuf>, String> {
     find_files(csrc, &["cu"], &["k3"])
 }
 
+/// A kernel listed with `K3_EXPORT(name)` in a dialect source, with the condition of the
+/// innermost `#if`/`#ifdef` around it (`K3_WARP_SIZE == 64`), if any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Export {
+    pub name: String,
+    pub condition: Option<String>,
+}
+
+/// The `K3_EXPORT` lines of a source text, in order.
+pub fn kernel_exports(text: &str) -> Vec<Export> {
+    let mut conds: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("#if") {
+            conds.push(rest.trim().trim_start_matches("def").trim().to_string());
+        } else if t.starts_with("#endif") {
+            conds.pop();
+        } else if let Some(rest) = t.strip_prefix("K3_EXPORT(") {
+            if let Some(name) = rest.split(')').next() {
+                out.push(Export { name: name.trim().to_string(), condition: conds.last().cloned() });
+            }
+        }
+    }
+    out
+}
+
+/// Whether an export is compiled for a target of this warp size: unconditional, or under
+/// `#if K3_WARP_SIZE == 64` on a wave64 target.
+pub fn export_present(e: &Export, warp64: bool) -> bool {
+    e.condition.is_none() || (warp64 && e.condition.as_deref() == Some("K3_WARP_SIZE == 64"))
+}
+
 /// Every header under the include directories (sorted, deduplicated).
 pub fn headers(include_dirs: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
     let mut all = Vec::new();
@@ -66,4 +99,19 @@ pub fn dirs_under(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exports_with_their_conditions() {
+        let src = "K3_KERNEL void a() {}\nK3_EXPORT(a);\n#if K3_WARP_SIZE == 64\nK3_EXPORT( b );\n#ifdef X\nK3_EXPORT(c);\n#endif\n#endif\nK3_EXPORT(d);\n";
+        let e = kernel_exports(src);
+        let names: Vec<(&str, Option<&str>)> = e.iter().map(|e| (e.name.as_str(), e.condition.as_deref())).collect();
+        assert_eq!(names, [("a", None), ("b", Some("K3_WARP_SIZE == 64")), ("c", Some("X")), ("d", None)]);
+        assert!(export_present(&e[1], true) && !export_present(&e[1], false));
+        assert!(!export_present(&e[2], true), "an unknown condition is never assumed");
+    }
 }

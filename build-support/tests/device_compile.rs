@@ -8,54 +8,30 @@
 //! Without a toolchain the affected platform is skipped with the exact reason (which tool was
 //! not found where) and the test passes; with `K3_REQUIRE_DEVICE_COMPILE=1` (CI) a missing
 //! toolchain fails it. A compile error always fails it.
-//! The arch lists are fixed here (not read from K3_CUDA_ARCHS / K3_HIP_ARCHS); outputs are
-//! cached under the target directory, compiles run at most 2 at a time.
+//! Arch lists, cache directory and job count: `tests/common`.
 
-use k3_build_support::arch::parse_list;
+mod common;
+
+use common::{config, csrc, required, CUDA_ARCHS};
 use k3_build_support::disasm::{amdgpu_objdump, cuda_sass, find_llvm_objdump, mnemonics_with_prefix};
+use k3_build_support::sources::{export_present, kernel_exports, Export};
 use k3_build_support::{
     bundle_fatbins, compile_cuda_with, compile_hip, compile_hip_assembly, find_nvcc, kernel_sources, ArchOutcome,
-    Artifact, BuildEnv, Config, CudaArch, HipArch, Nvcc, Skip,
+    Artifact, BuildEnv, Config, HipArch, Nvcc, Skip,
 };
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-const CUDA_ARCHS: &str = "90a,100a,103a";
-const HIP_ARCHS: &str = "gfx942,gfx950";
-
-fn csrc() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/csrc").canonicalize().expect("kernels/csrc exists")
-}
-
-fn required() -> bool {
-    matches!(std::env::var("K3_REQUIRE_DEVICE_COMPILE").as_deref(), Ok("1") | Ok("true") | Ok("yes"))
-}
-
 /// What the test knows about a source from its text.
 struct SourceFacts {
     uses_mma: bool,
-    /// Kernels listed with K3_EXPORT and the innermost `#if` condition around them.
-    exports: Vec<(String, Option<String>)>,
+    exports: Vec<Export>,
 }
 
 fn facts(path: &Path) -> SourceFacts {
     let text = std::fs::read_to_string(path).expect("readable source");
-    let mut conds: Vec<String> = Vec::new();
-    let mut exports = Vec::new();
-    for line in text.lines() {
-        let t = line.trim();
-        if let Some(rest) = t.strip_prefix("#if") {
-            conds.push(rest.trim().trim_start_matches("def").trim().to_string());
-        } else if t.starts_with("#endif") {
-            conds.pop();
-        } else if let Some(rest) = t.strip_prefix("K3_EXPORT(") {
-            if let Some(name) = rest.split(')').next() {
-                exports.push((name.trim().to_string(), conds.last().cloned()));
-            }
-        }
-    }
-    SourceFacts { uses_mma: uses_mma(path, &text, 0), exports }
+    SourceFacts { uses_mma: uses_mma(path, &text, 0), exports: kernel_exports(&text) }
 }
 
 /// Whether `text` (the file at `path`) or a local header it includes (`#include "x.cuh"`,
@@ -77,14 +53,9 @@ fn uses_mma(path: &Path, text: &str, depth: usize) -> bool {
     })
 }
 
-/// Kernels that must be in an image: exported at top level, or under `#if K3_WARP_SIZE == 64`
-/// for a wave64 target.
+/// Kernels that must be in an image of a target of this warp size.
 fn expected_kernels(f: &SourceFacts, warp64: bool) -> Vec<String> {
-    f.exports
-        .iter()
-        .filter(|(_, c)| c.is_none() || (warp64 && c.as_deref() == Some("K3_WARP_SIZE == 64")))
-        .map(|(n, _)| n.clone())
-        .collect()
+    f.exports.iter().filter(|e| export_present(e, warp64)).map(|e| e.name.clone()).collect()
 }
 
 /// Collected problems (a failing test lists them all) and skip notes.
@@ -94,16 +65,6 @@ struct Verdict {
     skipped: Vec<String>,
     /// One line per target that compiled.
     summary: Vec<String>,
-}
-
-fn config(sources: Vec<PathBuf>, csrc: &Path) -> Config {
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("device_compile");
-    let mut cfg = Config::new(sources, vec![csrc.to_path_buf()], out.clone());
-    cfg.cache_dir = out.join("cache");
-    cfg.jobs = 2;
-    cfg.cuda_archs = parse_list(CUDA_ARCHS, CudaArch::parse).0;
-    cfg.hip_archs = parse_list(HIP_ARCHS, HipArch::parse).0;
-    cfg
 }
 
 fn summary(o: &ArchOutcome, arts: &[Artifact]) -> String {

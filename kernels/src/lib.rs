@@ -8,14 +8,18 @@
 //!   modules, launches by kernel name with cuLaunchKernel-style parameters, streams, events,
 //!   and an optional vendor-BLAS hook for the dense GEMM: cuBLASLt on CUDA). Op launchers are
 //!   written once against it and shared by CUDA, ROCm and SIMT.
+//! - [`recording`]: a [`Runtime`] that runs nothing and records every launch, for reading the
+//!   launch configurations of any op at any shape without a GPU.
 //!
 //! This crate depends on no toolkit: backends compile or load the sources themselves.
 
 pub mod gpu_backend;
 mod ops;
+pub mod recording;
 pub mod runtime;
 
 pub use gpu_backend::{dtype_code, GpuBackend};
+pub use recording::{RecordedLaunch, RecordingRuntime};
 pub use runtime::{
     check_range, DevicePtr, Dim3, ImageFormat, KernelArg, KernelArgs, LaunchConfig, MatrixOperand, ModuleImage, Runtime,
     VendorGemmArgs,

@@ -12,9 +12,17 @@ use std::path::PathBuf;
 
 /// Points backend-cuda at the stand-in built next to this test (unless the caller chose one).
 fn runtime() -> CudaRuntime {
-    let dir = std::env::current_exe().ok().and_then(|e| e.parent()?.parent().map(PathBuf::from)).expect("target dir");
     if std::env::var_os("K3_CUDA_DRIVER_LIBRARY").is_none() {
-        std::env::set_var("K3_CUDA_DRIVER_LIBRARY", dir.join("libk3_standin_cuda.so"));
+        // `cargo test` leaves this package's cdylib beside the test binary in deps/; `cargo build`
+        // puts it one level up.
+        let exe = std::env::current_exe().expect("test binary path");
+        let deps = exe.parent().map(PathBuf::from).expect("deps dir");
+        let lib = [deps.clone(), deps.parent().map(PathBuf::from).unwrap_or(deps)]
+            .map(|d| d.join("libk3_standin_cuda.so"))
+            .into_iter()
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("libk3_standin_cuda.so not built next to {}", exe.display()));
+        std::env::set_var("K3_CUDA_DRIVER_LIBRARY", lib);
     }
     // An AMD personality left by `standin-env.sh rocm` in the same shell is not this library's.
     if std::env::var("K3_STANDIN_ARCH").is_ok_and(|a| a.starts_with("gfx")) {

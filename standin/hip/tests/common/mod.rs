@@ -16,9 +16,7 @@ pub type H = *mut c_void;
 
 /// The stand-in library next to this test binary's deps folder.
 pub fn library_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    dir.join("libk3_standin_hip.so")
+    standin_library("libk3_standin_hip.so")
 }
 
 macro_rules! api {
@@ -261,4 +259,16 @@ pub fn in_child(test: &str, env: &[(&str, &str)]) -> String {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains("1 passed"), "{test} with {env:?} failed:\n{text}");
     text
+}
+
+/// `name` built by cargo for this test: beside the test binary in `deps/` (where `cargo test`
+/// leaves a dependency's cdylib), else one level up (where `cargo build` puts it).
+pub fn standin_library(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps dir");
+    let beside = deps.join(name);
+    if beside.exists() {
+        return beside;
+    }
+    deps.parent().expect("target dir").join(name)
 }
