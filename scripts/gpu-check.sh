@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one prepared check for a machine with an NVIDIA GPU (written for the project's lent H200,
 # which has CUDA, Python and 16 cores but no Rust toolchain and no network; must finish in about
-# 6 minutes there). Run from anywhere inside the repository:
+# 8 minutes there: the 460 s budget below). Run from anywhere inside the repository:
 #
 #   bash scripts/gpu-check-bundle.sh     # FIRST, on a machine with cargo (no GPU needed): builds
 #                                        # gpu-check-bundle/bundle.tar.xz for K3_CUDA_ARCHS (90a)
@@ -12,17 +12,24 @@
 # is compiled by cargo); else, when cargo exists, scripts/gpu-check-bundle.sh --into builds them
 # for this card's arch; else the check stops with that reason.
 #
-# Steps (each bounded by what is left of a ${K3_GPU_CHECK_BUDGET_S:-340} s budget; a step that
+# Steps (each bounded by what is left of a ${K3_GPU_CHECK_BUDGET_S:-460} s budget; a step that
 # fails or times out is recorded and the script goes on):
 #   1. fingerprint: nvidia-smi (card, driver, compute capability), nvcc, commits, date
 #   2. binaries: unpack the bundle (or build with cargo)
-#   3. nvcc_kernels: this machine's nvcc compiles every kernel of kernels/csrc for the card's arch
+#   3. nvcc_kernels: this machine's nvcc compiles every kernel of kernels/csrc for the card's arch;
+#      embedded_cubins: k3 doctor with K3_CUDA_KERNELS=embedded, i.e. whether the bundle's cubins
+#      (built by a possibly newer nvcc) load on this driver; the other steps use the default
+#      `auto`, which falls back to this machine's NVRTC for a cubin the driver refuses
 #   4. gpu_tests, conformance, graph: the CUDA backend's device tests (memory, kernel sets from
 #      embedded cubins and NVRTC, launches, streams, cuBLASLt against a reference, the contract's
 #      GEMM on both routes), the conformance suite on CUDA, the decode-step CUDA graph test
 #   5. demo, doctor: k3 demo --backend cuda, k3 doctor --backend cuda --json
-#   6. device_bench: k3-device-bench --backend cuda (every op family at K3 shapes)
+#   6. device_bench: k3-device-bench --backend cuda (every op family at K3 shapes; each row with
+#      % of measured copy bandwidth and % of its speed-of-light floor on this card, the part
+#      matched from the device name or K3_GPU_CHECK_HARDWARE)
 #   7. copy_bandwidth: copy bandwidth and launch latency
+#   8. fla_peer: FLA's chunk_kda / fused_recurrent_kda against kda_prefill / kda_decode on the same
+#      inputs (benches/peer/fla_kda.py; the bundle's fla-core wheel, this machine's PyTorch)
 # Safe to run twice: everything it writes lives under target/gpu-check (cleared at the start)
 # and $OUT.
 set -u -o pipefail
@@ -37,7 +44,7 @@ mkdir -p "$REPORT_DIR"
 REPORT="$REPORT_DIR/gpu-check.json"
 [ -n "${OUT:-}" ] || REPORT="$WORK/report.json"
 START=$(date +%s)
-BUDGET=${K3_GPU_CHECK_BUDGET_S:-340}
+BUDGET=${K3_GPU_CHECK_BUDGET_S:-460}
 export CARGO_TERM_COLOR=never
 export K3_KERNEL_CACHE_DIR="$WORK/kernel-cache"
 
@@ -181,6 +188,12 @@ if [ -n "$NVCC_BIN" ] && [ -n "$ARCH" ]; then
 else
   record nvcc_kernels skipped 0 "no nvcc or no arch on this machine"
 fi
+if [ $BIN_OK -eq 1 ]; then
+  # Fails (and says why) when this driver refuses a bundled cubin; the rest then runs on NVRTC.
+  run_step embedded_cubins 60 env K3_CUDA_KERNELS=embedded "$BIN/k3" doctor --backend cuda
+else
+  record embedded_cubins skipped 0 "no binaries"
+fi
 
 # ---- 4. CUDA device tests ------------------------------------------------------------------------
 TESTS_PASSED=0 TESTS_FAILED=0 TESTS_SKIPPED=0
@@ -217,11 +230,12 @@ else
 fi
 
 # ---- 6. device benches ---------------------------------------------------------------------------
-# Rows {op, shape, dtype, us, tflops, gbs, bytes, flops, pct_copy}; the JSON is rewritten after
-# every case, so a step cut short by the budget still reports the cases it finished.
+# Rows {op, shape, dtype, us, tflops, gbs, bytes, flops, pct_copy, floor_us, pct_floor, bound};
+# the JSON is rewritten after every case, so a step cut short by the budget still reports the
+# cases it finished.
 BENCH_JSON="$WORK/device-bench.json"
 if [ $BIN_OK -eq 1 ]; then
-  run_step device_bench 150 "$BIN/k3-device-bench" --backend cuda --json "$BENCH_JSON"
+  run_step device_bench 150 "$BIN/k3-device-bench" --backend cuda --json "$BENCH_JSON" ${K3_GPU_CHECK_HARDWARE:+--hardware "$K3_GPU_CHECK_HARDWARE"}
 else
   record device_bench skipped 0 "no binaries"
 fi
@@ -233,6 +247,31 @@ if [ $BIN_OK -eq 1 ]; then
   BW_JSON=$(grep -s -m1 '^{' "$WORK/logs/copy_bandwidth.log")
 else
   record copy_bandwidth skipped 0 "no binaries"
+fi
+
+# ---- 8. FLA side by side -------------------------------------------------------------------------
+FLA_JSON="$WORK/fla-peer.json"
+fla_peer() {
+  set -e
+  local py=python3 pylib="$WORK/pylib"
+  mkdir -p "$pylib"
+  "$py" -m pip install -q --no-index --no-deps --no-compile --target "$pylib" "$WORK"/wheels/fla_core-*.whl
+  "$py" "$ROOT/benches/peer/fla_kda.py" make --dir "$WORK/fla"
+  "$BIN/k3-peer" --backend cuda --dir "$WORK/fla" --warmup 3 --iters 10
+  PYTHONPATH="$pylib${PYTHONPATH:+:$PYTHONPATH}" "$py" "$ROOT/benches/peer/fla_kda.py" peer --dir "$WORK/fla" --warmup 3 --iters 10
+  "$py" "$ROOT/benches/peer/fla_kda.py" compare --dir "$WORK/fla" --json "$FLA_JSON"
+  rm -rf "$WORK/fla" # ~3 GB of inputs and outputs
+}
+export -f fla_peer
+export BIN
+if [ $BIN_OK -ne 1 ] || [ ! -x "$BIN/k3-peer" ]; then
+  record fla_peer skipped 0 "no k3-peer binary"
+elif ! ls "$WORK"/wheels/fla_core-*.whl >/dev/null 2>&1; then
+  record fla_peer skipped 0 "no fla-core wheel in the bundle ($(grep -s '^fla_core=' "$WORK/MANIFEST" | cut -c1-200))"
+elif ! python3 -c 'import torch, triton; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+  record fla_peer skipped 0 "python3 has no CUDA PyTorch + Triton"
+else
+  run_step fla_peer 180 bash -c fla_peer
 fi
 
 # ---- report ------------------------------------------------------------------------------------
@@ -255,6 +294,7 @@ raw_or_null() { # a JSON value from a file/string when it looks like one
   printf '  "tests": {"passed": %d, "failed": %d, "skipped": %d},\n' "$TESTS_PASSED" "$TESTS_FAILED" "$TESTS_SKIPPED"
   printf '  "copy_bandwidth": %s,\n' "$(raw_or_null "$BW_JSON")"
   printf '  "device_bench": %s,\n' "$(raw_or_null "$(cat "$BENCH_JSON" 2>/dev/null)")"
+  printf '  "fla_peer": %s,\n' "$(raw_or_null "$(cat "$FLA_JSON" 2>/dev/null)")"
   printf '  "doctor": %s,\n' "$(raw_or_null "$(cat "$WORK/doctor.json" 2>/dev/null)")"
   printf '  "steps": [\n'
   for i in "${!STEP_NAMES[@]}"; do
@@ -275,6 +315,10 @@ for i in "${!STEP_NAMES[@]}"; do
   printf '%-16s %-10s %6s  %s\n' "${STEP_NAMES[$i]}" "${STEP_STATUS[$i]}" "${STEP_SECS[$i]}" "$(echo "${STEP_NOTE[$i]}" | tail -n 1 | cut -c1-110)"
 done
 echo "tests: $TESTS_PASSED passed, $TESTS_FAILED failed, $TESTS_SKIPPED skip notes"
+# The bench table with % of copy bandwidth and % of floor, from the report (k3-device-bench
+# --table: the view every check script prints), then the FLA side by side.
+[ -s "$BENCH_JSON" ] && [ -x "$BIN/k3-device-bench" ] && "$BIN/k3-device-bench" --table "$BENCH_JSON" ${K3_GPU_CHECK_HARDWARE:+--hardware "$K3_GPU_CHECK_HARDWARE"}
+[ -s "$FLA_JSON" ] && sed -n '/^case /,$p' "$WORK/logs/fla_peer.log"
 [ -n "$BW_JSON" ] && echo "bandwidth: $(echo "$BW_JSON" | grep -o '"d2d_copy_gbs": [0-9.]*\|"h2d_gbs": [0-9.]*\|"d2h_gbs": [0-9.]*\|"launch_us": [0-9.]*' | tr '\n' ' ')"
 echo "report: $REPORT"
 # Non-zero when any step failed or timed out (skipped / not built are not failures).

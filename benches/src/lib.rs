@@ -1,4 +1,10 @@
-//! Shared helpers of the k3-kernels benches: deterministic inputs uploaded to a backend.
+//! Shared helpers of the k3-kernels benches: deterministic inputs uploaded to a backend, and the
+//! speed-of-light columns of the device bench report ([`sol`]), side-by-side runs against a peer
+//! on identical inputs ([`peer`]).
+
+pub mod calls;
+pub mod peer;
+pub mod sol;
 
 use kernel_api::conformance::{upload_f32, TestRng};
 use kernel_api::{Backend, DType, DeviceTensor, Result};

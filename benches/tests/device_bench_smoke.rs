@@ -1,5 +1,6 @@
-//! Runs `k3-device-bench --backend simt32 --smoke` and checks its JSON report: the schema of the
-//! gpu-check hook (`rows` of {op, shape, dtype, us, tflops, gbs}) with rows for every op family.
+//! Runs `k3-device-bench --backend simt32 --smoke --hardware h200` and checks its JSON report: the
+//! schema of the gpu-check hook (`rows` of {op, shape, dtype, us, tflops, gbs, ..., floor_us,
+//! pct_floor}) with rows for every op family, and the `--table` view of that report.
 
 use serde_json::Value;
 use std::process::Command;
@@ -8,14 +9,17 @@ use std::process::Command;
 fn smoke_run_on_simt32_reports_every_op_family() {
     let out = std::env::temp_dir().join(format!("k3-device-bench-smoke-{}.json", std::process::id()));
     let run = Command::new(env!("CARGO_BIN_EXE_k3-device-bench"))
-        .args(["--backend", "simt32", "--smoke", "--out"])
+        .args(["--backend", "simt32", "--smoke", "--hardware", "h200", "--out"])
         .arg(&out)
         .output()
         .expect("start k3-device-bench");
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success(), "exit {:?}\nstdout:\n{stdout}\nstderr:\n{}", run.status, String::from_utf8_lossy(&run.stderr));
     let text = std::fs::read_to_string(&out).expect("report written");
+    let table = Command::new(env!("CARGO_BIN_EXE_k3-device-bench")).args(["--hardware", "mi355x", "--table"]).arg(&out).output().expect("start --table");
     let _ = std::fs::remove_file(&out);
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(table.contains("%floor") && table.contains("floors for mi355x") && table.contains("moe_gemm_down"), "--table:\n{table}");
     let report: Value = serde_json::from_str(&text).expect("report is JSON");
     assert_eq!(report["backend"], "simt32");
     assert_eq!(report["smoke"], true);
@@ -31,7 +35,13 @@ fn smoke_run_on_simt32_reports_every_op_family() {
             assert!(r[key].as_f64().is_some_and(|v| v.is_finite() && v >= 0.0), "{key} in {r}");
         }
         assert!(r["bytes"].as_u64().is_some_and(|v| v > 0), "bytes in {r}");
+        // The op's own cost and its floor on the named part.
+        assert!(r["flops_by_class"]["vector"].as_u64().is_some(), "flops_by_class in {r}");
+        assert!(r["floor_us"].as_f64().is_some_and(|v| v > 0.0), "floor_us in {r}");
+        assert!(r["pct_floor"].as_f64().is_some_and(|v| v.is_finite() && v >= 0.0), "pct_floor in {r}");
+        assert!(matches!(r["bound"].as_str(), Some("memory" | "compute")), "bound in {r}");
     }
+    assert_eq!(report["hardware"]["id"], "h200");
     let count = |op: &str, dtype_has: &str| {
         rows.iter().filter(|r| r["op"] == op && r["dtype"].as_str().is_some_and(|d| d.contains(dtype_has))).count()
     };

@@ -5,16 +5,19 @@
 //! - [`backend`]: the [`Backend`] trait (memory, streams, device description).
 //! - [`ops`]: one trait per op family, FlashInfer-style `plan` / `workspace_size` / `run`.
 //! - [`cpu`]: the CPU reference backend, the executable spec of every op.
+//! - [`cost`], [`hardware`]: the speed-of-light model (bytes and FLOPs per op, GPU peaks, floors).
 //! - [`tolerance`]: the comparison metric and per-dtype thresholds, with their reasons.
 //! - [`conformance`]: the suite every backend instantiates with [`conformance_suite!`].
 
 pub mod backend;
 pub mod compose;
 pub mod conformance;
+pub mod cost;
 pub mod cpu;
 pub mod dtype;
 pub mod error;
 pub mod formats;
+pub mod hardware;
 pub mod ops;
 pub mod tensor;
 pub mod tolerance;

@@ -432,3 +432,7 @@ fn prefix(e: Error, p: &str) -> Error {
 
 /// The tiny test config of k3-architecture.md section 5.2, verbatim.
 pub const TINY_CONFIG_JSON: &str = include_str!("tiny_config.json");
+
+/// The released K3 text config (k3-architecture.md section 1.3), for `k3 plan` and tests that
+/// need the production dimensions without a checkpoint.
+pub const K3_CONFIG_JSON: &str = include_str!("k3_config.json");

@@ -6,6 +6,7 @@
 //! - [`inspect`]: checkpoint conformance against the config;
 //! - [`tiny`]: the deterministic tiny checkpoint generator; [`tiny_folder`]: its atomic,
 //!   lock-serialised folder and the complete / half-made check;
+//! - [`plan`]: `k3 plan`, the speed-of-light floors of a K3 decode step and prefill per GPU;
 //! - [`op_cli`]: `k3 op`, one op on tensors from a safetensors file (reproduction packages);
 //! - [`limits`]: the caps on every size taken from a file or a flag; [`files`]: regular-file
 //!   readers and replace-by-rename writers; [`st_header`]: precise safetensors header errors.
@@ -23,6 +24,7 @@ pub mod inventory;
 pub mod limits;
 pub mod model;
 pub mod op_cli;
+pub mod plan;
 pub mod runner;
 pub mod st_header;
 pub mod tiny;

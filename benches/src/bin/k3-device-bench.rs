@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE]
-//!                 [--warmup N] [--iters N] [--copy-gbs GB/S]
+//!                 [--warmup N] [--iters N] [--copy-gbs GB/S] [--hardware PART]
+//! k3-device-bench --table FILE [--hardware PART]     # the table of a report, floors recomputed
 //! ```
 //!
 //! Ops (each through its trait's `plan` / `workspace_size` / `run`, as the conformance tests do):
@@ -18,24 +19,27 @@
 //! Timing: `warmup` untimed runs, then `iters` runs each bracketed by two events on the default
 //! stream (`Runtime::record_event` / `elapsed_ms`); the row reports the median.
 //!
-//! Bytes model (`bytes` of a row = what the op must move at least, each tensor once):
-//! inputs read + outputs written + weights read + state/cache read and written back. KDA state
-//! pools are f32 and count twice (read + write); the MLA cache counts `seq_len · bytes_per_token`
-//! per sequence once; the MoE counts the MXFP4 codes and scales of the experts the router
-//! actually picked (counted from the device's `topk_ids`) plus the bf16 router weight.
-//! FLOPs: KDA 7·K·V per token and head (decay, Sᵀk, rank-1 update, Sᵀq of the recurrent form);
-//! MLA 2·(576 + 512) per query head and cached token; MoE 2·T·hidden·E (router) + 6·T·k·latent·n;
-//! GEMM 2·M·N·K (bytes: x, W and out once each).
+//! Bytes and FLOPs of a row are the op's own speed-of-light cost (`cost` on its params in
+//! kernel-api, the model `k3 plan` uses too; counting rules in `kernel_api::cost`): what the op
+//! must move at least (each tensor once; the MoE GEMMs count the experts the router actually
+//! picked, read back from the device's `topk_ids`) and the FLOPs it must do, by math class.
+//! Floors: each row's `floor_us` on the part the bench ran on (`kernel_api::hardware`, matched
+//! from the device name, or `--hardware`) and `pct_floor` = floor / time (100 = speed of light).
 //!
 //! Bandwidth reference: `--copy-gbs` (bytes copied per second, as `copy_bandwidth` prints
 //! `d2d_copy_gbs`), else measured here by a D2D copy (`Runtime::copy_d2d`, 1 GiB on CUDA). A row's
 //! `pct_copy` is its `gbs` over the copy's traffic rate (2 × bytes copied per second, since a copy
 //! reads and writes every byte).
 //!
-//! Output: `{"schema": "k3-device-bench/1", ..., "rows": [{op, shape, dtype, us, tflops, gbs,
-//! bytes, flops, pct_copy}]}` to the JSON file, and a table on stdout.
+//! Output: `{"schema": "k3-device-bench/1", ..., "hardware": {id, name, source}, "rows": [{op,
+//! shape, dtype, us, tflops, gbs, bytes, flops, flops_by_class, pct_copy, floor_us, pct_floor,
+//! bound}]}` to the JSON file, and a table on stdout.
 
+use k3_benches::calls::{experts_touched, moe_call, total, KdaDecodeCall, KdaPrefillCall, MlaDecodeCall, MoeCall, MoeInputs, MoePlans};
+use k3_benches::sol;
 use k3_kernels::{GpuBackend, Runtime};
+use kernel_api::cost::Cost;
+use kernel_api::hardware::Hardware;
 use kernel_api::conformance::TestRng;
 use kernel_api::ops::kv_cache::encode_token;
 use kernel_api::ops::mla_decode::K3_SOFTMAX_SCALE;
@@ -52,14 +56,16 @@ struct Opts {
     warmup: usize,
     iters: usize,
     copy_gbs: Option<f64>,
+    hardware: Option<String>,
+    table: Option<PathBuf>,
 }
 
 fn usage() -> String {
-    "usage: k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S]".into()
+    "usage: k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S] [--hardware PART]\n       k3-device-bench --table FILE [--hardware PART]".into()
 }
 
 fn parse_args() -> std::result::Result<Opts, String> {
-    let mut o = Opts { backend: String::new(), smoke: false, json: None, warmup: 0, iters: 0, copy_gbs: None };
+    let mut o = Opts { backend: String::new(), smoke: false, json: None, warmup: 0, iters: 0, copy_gbs: None, hardware: None, table: None };
     let (mut warmup, mut iters) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -77,12 +83,14 @@ fn parse_args() -> std::result::Result<Opts, String> {
                 }
                 o.copy_gbs = Some(v)
             }
+            "--hardware" => o.hardware = Some(val("--hardware")?),
+            "--table" => o.table = Some(PathBuf::from(val("--table")?)),
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown argument {other}\n{}", usage())),
         }
     }
-    if o.backend.is_empty() {
-        return Err(format!("--backend is required\n{}", usage()));
+    if o.backend.is_empty() && o.table.is_none() {
+        return Err(format!("--backend (or --table) is required\n{}", usage()));
     }
     o.warmup = warmup.unwrap_or(if o.smoke { 1 } else { 3 });
     o.iters = iters.unwrap_or(if o.smoke { 3 } else { 10 }).max(1);
@@ -98,6 +106,7 @@ fn main() {
         }
     };
     let res = match o.backend.as_str() {
+        _ if o.table.is_some() => print_table(&o),
         "simt32" | "simt64" => {
             let warp = if o.backend == "simt32" { 32 } else { 64 };
             k3_backend_simt::simt_backend(warp).and_then(|b| bench(&b, &o, &[("kernels", &|| ())]))
@@ -130,6 +139,21 @@ fn cuda(_: &Opts) -> Result<()> {
 }
 
 type Dev<R> = DeviceTensor<GpuBackend<R>>;
+/// One stage of the routed MoE path (`MoeCall::router`, ...).
+type MoeStage<R> = fn(&mut MoeCall<GpuBackend<R>>, &GpuBackend<R>, &MoePlans) -> Result<()>;
+
+/// `--table FILE`: prints a report's table (floors recomputed for `--hardware` when given).
+fn print_table(o: &Opts) -> Result<()> {
+    let path = o.table.as_deref().unwrap_or(std::path::Path::new(""));
+    let text = std::fs::read_to_string(path).map_err(|e| Error::invalid("--table", format!("{}: {e}", path.display())))?;
+    let report: Value = serde_json::from_str(&text).map_err(|e| Error::invalid("--table", format!("{}: not JSON: {e}", path.display())))?;
+    if report["schema"] != "k3-device-bench/1" {
+        return Err(Error::invalid("--table", format!("{}: not a k3-device-bench/1 report", path.display())));
+    }
+    let hw = o.hardware.as_deref().map(|id| kernel_api::hardware::by_id(id, "--hardware")).transpose()?;
+    print!("{}", sol::table(&report, hw));
+    Ok(())
+}
 
 /// One result row.
 struct Row {
@@ -137,8 +161,7 @@ struct Row {
     shape: String,
     dtype: String,
     us: f64,
-    bytes: u64,
-    flops: u64,
+    cost: Cost,
 }
 
 /// Everything a case needs: the backend, timing settings, the rows so far.
@@ -170,8 +193,9 @@ impl<R: Runtime> Bench<'_, R> {
         Ok(t[t.len() / 2])
     }
 
-    fn push(&mut self, op: &str, shape: String, dtype: &str, us: f64, bytes: u64, flops: u64) {
-        self.rows.push(Row { op: op.into(), shape, dtype: dtype.into(), us, bytes, flops });
+    fn push(&mut self, op: &str, shape: String, dtype: &str, us: f64, cost: Result<Cost>) -> Result<()> {
+        self.rows.push(Row { op: op.into(), shape, dtype: dtype.into(), us, cost: cost? });
+        Ok(())
     }
 }
 
@@ -310,39 +334,21 @@ fn kda_prefill<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, seqs: 
     let batch = KdaPrefillBatch { cu_seqlens: &cu, state_indices: None, checkpoints: None };
     let plan = KdaPrefill::plan(b, &p, &batch)?;
     let bf = DType::BF16;
-    let q = normal(b, bf, &[t, heads, kd], 1.0, 1)?;
-    let k = normal(b, bf, &[t, heads, kd], 1.0, 2)?;
-    let v = normal(b, bf, &[t, heads, kd], 1.0, 3)?;
-    let g = normal(b, bf, &[t, heads, kd], 1.0, 4)?;
-    let beta = normal(b, bf, &[t, heads], 1.0, 5)?;
-    let a_log = normal(b, DType::F32, &[heads], 0.5, 6)?;
-    let dt_bias = normal(b, DType::F32, &[heads * kd], 0.5, 7)?;
-    let cu_d = b.upload_tensor(&HostTensor::from_i64(&[seqs + 1], &cu)?)?;
-    let mut state = normal(b, DType::F32, &[seqs, heads, kd, kd], 0.05, 8)?;
-    let mut out = b.zeros(bf, &[t, heads, kd])?;
-    let mut w = ws(b, KdaPrefill::workspace_size(b, &plan))?;
-    let us = c.time(|| {
-        let args = KdaPrefillArgs {
-            q: q.as_ref(),
-            k: k.as_ref(),
-            v: v.as_ref(),
-            g_raw: g.as_ref(),
-            beta: beta.as_ref(),
-            a_log: Some(a_log.as_ref()),
-            dt_bias: Some(dt_bias.as_ref()),
-            cu_seqlens: cu_d.as_ref(),
-            state_indices: None,
-            state: Some(state.as_mut()),
-            checkpoint_offsets: None,
-            checkpoint_state: None,
-            out: out.as_mut(),
-        };
-        KdaPrefill::run(b, &plan, args, w.as_mut(), b.default_stream())
-    })?;
-    let (t, h, kd) = (t as u64, heads as u64, kd as u64);
-    let bytes = t * h * (4 * kd + 1) * 2 + 2 * seqs as u64 * h * kd * kd * 4;
-    c.push("kda_prefill", format!("seqs={seqs} len={len} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, bytes, 7 * t * h * kd * kd);
-    Ok(())
+    let mut call = KdaPrefillCall {
+        q: normal(b, bf, &[t, heads, kd], 1.0, 1)?,
+        k: normal(b, bf, &[t, heads, kd], 1.0, 2)?,
+        v: normal(b, bf, &[t, heads, kd], 1.0, 3)?,
+        g_raw: normal(b, bf, &[t, heads, kd], 1.0, 4)?,
+        beta: normal(b, bf, &[t, heads], 1.0, 5)?,
+        a_log: normal(b, DType::F32, &[heads], 0.5, 6)?,
+        dt_bias: normal(b, DType::F32, &[heads * kd], 0.5, 7)?,
+        cu_seqlens: b.upload_tensor(&HostTensor::from_i64(&[seqs + 1], &cu)?)?,
+        state: normal(b, DType::F32, &[seqs, heads, kd, kd], 0.05, 8)?,
+        out: b.zeros(bf, &[t, heads, kd])?,
+        ws: ws(b, KdaPrefill::workspace_size(b, &plan))?,
+    };
+    let us = c.time(|| call.run(b, &plan))?;
+    c.push("kda_prefill", format!("seqs={seqs} len={len} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, p.cost(t, seqs, bf, DType::F32))
 }
 
 fn kda_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, batch: usize) -> Result<()> {
@@ -366,42 +372,22 @@ fn kda_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, batch: 
     let idx = permutation(batch, 1, &mut TestRng::new(11));
     let plan = KdaDecode::plan(b, &p, &KdaDecodeBatch { state_indices: &idx })?;
     let bf = DType::BF16;
-    let x = normal(b, bf, &[batch, d], 1.0, 1)?;
-    let cw = normal(b, DType::F32, &[d, w_conv], 0.5, 2)?;
-    let mut conv_state = normal(b, DType::F32, &[slots, d, w_conv - 1], 1.0, 3)?;
-    let g = normal(b, bf, &[batch, heads, kd], 1.0, 4)?;
-    let beta = normal(b, bf, &[batch, heads], 1.0, 5)?;
-    let a_log = normal(b, DType::F32, &[heads], 0.5, 6)?;
-    let dt_bias = normal(b, DType::F32, &[heads * kd], 0.5, 7)?;
-    let idx_d = i32s(b, &[batch], &idx)?;
-    let mut state = normal(b, DType::F32, &[slots, heads, kd, kd], 0.05, 8)?;
-    let og = normal(b, bf, &[batch, heads, kd], 1.0, 9)?;
-    let nw = normal(b, DType::F32, &[kd], 1.0, 10)?;
-    let mut out = b.zeros(bf, &[batch, heads, kd])?;
-    let mut w = ws(b, KdaDecode::workspace_size(b, &plan))?;
-    let us = c.time(|| {
-        let args = KdaDecodeArgs {
-            x_qkv: x.as_ref(),
-            conv_weight: cw.as_ref(),
-            conv_state: conv_state.as_mut(),
-            g_raw: g.as_ref(),
-            beta: beta.as_ref(),
-            a_log: Some(a_log.as_ref()),
-            dt_bias: Some(dt_bias.as_ref()),
-            state_indices: idx_d.as_ref(),
-            recurrent_state: state.as_mut(),
-            output_gate: Some(og.as_ref()),
-            norm_weight: Some(nw.as_ref()),
-            out: out.as_mut(),
-        };
-        KdaDecode::run(b, &plan, args, w.as_mut(), b.default_stream())
-    })?;
-    let (bt, h, kd64, d) = (batch as u64, heads as u64, kd as u64, d as u64);
-    let io = bt * (d + h * kd64 + h + 2 * h * kd64) * 2;
-    let weights = d * w_conv as u64 * 4;
-    let state_bytes = 2 * bt * (d * (w_conv as u64 - 1) + h * kd64 * kd64) * 4;
-    c.push("kda_decode", format!("batch={batch} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, io + weights + state_bytes, 7 * bt * h * kd64 * kd64);
-    Ok(())
+    let mut call = KdaDecodeCall {
+        x_qkv: normal(b, bf, &[batch, d], 1.0, 1)?,
+        conv_weight: normal(b, DType::F32, &[d, w_conv], 0.5, 2)?,
+        conv_state: normal(b, DType::F32, &[slots, d, w_conv - 1], 1.0, 3)?,
+        g_raw: normal(b, bf, &[batch, heads, kd], 1.0, 4)?,
+        beta: normal(b, bf, &[batch, heads], 1.0, 5)?,
+        a_log: normal(b, DType::F32, &[heads], 0.5, 6)?,
+        dt_bias: normal(b, DType::F32, &[heads * kd], 0.5, 7)?,
+        state_indices: i32s(b, &[batch], &idx)?,
+        state: normal(b, DType::F32, &[slots, heads, kd, kd], 0.05, 8)?,
+        norm: Some((normal(b, bf, &[batch, heads, kd], 1.0, 9)?, normal(b, DType::F32, &[kd], 1.0, 10)?)),
+        out: b.zeros(bf, &[batch, heads, kd])?,
+        ws: ws(b, KdaDecode::workspace_size(b, &plan))?,
+    };
+    let us = c.time(|| call.run(b, &plan))?;
+    c.push("kda_decode", format!("batch={batch} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, p.cost(bf, DType::F32, DType::F32))
 }
 
 fn mla_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, batch: usize, ctx: usize, format: KvCacheFormat, fname: &str) -> Result<()> {
@@ -430,28 +416,18 @@ fn mla_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, batch: usize, ctx:
         encode_token(format, dims, &rng.normals(dims.width(), 1.0), cache.kv_scale, tok)?;
     }
     let kv = tiled(b, DType::U8, &[num_pages, page, bpt], &page_bytes)?;
-    let q = normal(b, DType::BF16, &[batch, 1, heads, dims.width()], 1.0, 22)?;
-    let bt = i32s(b, &[batch, pages_per_seq], &table)?;
-    let sl = i32s(b, &[batch], &lens)?;
-    let mut out = b.zeros(DType::BF16, &[batch, 1, heads, dims.latent])?;
-    let mut lse = b.zeros(DType::F32, &[batch, 1, heads])?;
-    let mut w = ws(b, MlaDecode::workspace_size(b, &plan))?;
-    let us = c.time(|| {
-        let args = MlaDecodeArgs {
-            q: q.as_ref(),
-            kv_cache: kv.as_ref(),
-            block_table: bt.as_ref(),
-            seq_lens: sl.as_ref(),
-            out: out.as_mut(),
-            lse: Some(lse.as_mut()),
-        };
-        MlaDecode::run(b, &plan, args, w.as_mut(), b.default_stream())
-    })?;
-    let (bq, h, n) = (batch as u64, heads as u64, ctx as u64);
-    let bytes = bq * n * bpt as u64 + bq * h * (dims.width() as u64 * 2 + dims.latent as u64 * 2 + 4) + bq * (pages_per_seq as u64 + 1) * 4;
-    let flops = bq * h * n * 2 * (dims.width() + dims.latent) as u64;
-    c.push("mla_decode", format!("batch={batch} ctx={ctx} heads={heads} page={page} kernel={:?}", plan.kernel), fname, us, bytes, flops);
-    Ok(())
+    let mut call = MlaDecodeCall {
+        q: normal(b, DType::BF16, &[batch, 1, heads, dims.width()], 1.0, 22)?,
+        kv_cache: kv,
+        block_table: i32s(b, &[batch, pages_per_seq], &table)?,
+        seq_lens: i32s(b, &[batch], &lens)?,
+        out: b.zeros(DType::BF16, &[batch, 1, heads, dims.latent])?,
+        lse: b.zeros(DType::F32, &[batch, 1, heads])?,
+        ws: ws(b, MlaDecode::workspace_size(b, &plan))?,
+    };
+    let us = c.time(|| call.run(b, &plan))?;
+    let cost = p.cost(batch, batch as u64 * ctx as u64, DType::BF16, DType::BF16);
+    c.push("mla_decode", format!("batch={batch} ctx={ctx} heads={heads} page={page} kernel={:?}", plan.kernel), fname, us, cost)
 }
 
 fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, usize, usize)) -> Result<()> {
@@ -459,116 +435,39 @@ fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, u
     let (hidden, l, n, e, k) = dims;
     let bf = DType::BF16;
     let mut rng = TestRng::new(31);
-    let x = normal(b, bf, &[t, hidden], 1.0, 32)?;
-    let router_w = normal(b, bf, &[e, hidden], 0.03, 33)?;
-    let bias = normal(b, DType::F32, &[e], 0.05, 34)?;
-    let z = normal(b, bf, &[t, l], 1.0, 35)?;
-    let w13 = bytes_of(b, &[e, 2 * n, l / 2], || rng.next_u64() as u8)?;
-    let s13 = bytes_of(b, &[e, 2 * n, l / 32], || 121 + rng.below(2) as u8)?;
-    let w2 = bytes_of(b, &[e, l, n / 2], || rng.next_u64() as u8)?;
-    let s2 = bytes_of(b, &[e, l, n / 32], || 121 + rng.below(2) as u8)?;
-
-    let rp = MoeRouterParams::sigmoid(t, hidden, e, k);
-    let rplan = MoeRouter::plan(b, &rp)?;
-    let mut ids = b.zeros(DType::I32, &[t, k])?;
-    let mut weights = b.zeros(DType::F32, &[t, k])?;
-    let routing = MoeRouting { tokens: t, top_k: k, experts: e, block_m: 16 };
-    let aplan = MoeAlign::plan(b, &MoeAlignParams { routing: routing.clone(), global_experts: None })?;
-    let mut sorted = b.zeros(DType::I32, &[aplan.max_padded])?;
-    let mut expert_ids = b.zeros(DType::I32, &[aplan.num_blocks])?;
-    let mut ntp = b.zeros(DType::I32, &[1])?;
-    let mut aws = ws(b, MoeAlign::workspace_size(b, &aplan))?;
-    let stage = |stage, kk, nn| MoeGemmParams { routing: routing.clone(), k: kk, n: nn, stage, weights: MoeWeightFormat::Mxfp4, activation_quant: None };
-    let gplan = MoeGroupedGemm::plan(b, &stage(MoeGemmStage::GateUp { beta: 4.0, linear_beta: Some(25.0) }, l, n))?;
-    let dplan = MoeGroupedGemm::plan(b, &stage(MoeGemmStage::Down, n, l))?;
-    let mut a = b.zeros(bf, &[t * k, n])?;
-    let mut y = b.zeros(DType::F32, &[t * k, l])?;
-    let mut gws = ws(b, MoeGroupedGemm::workspace_size(b, &gplan))?;
-    let mut dws = ws(b, MoeGroupedGemm::workspace_size(b, &dplan))?;
-    let cplan = MoeCombine::plan(b, &MoeCombineParams { tokens: t, top_k: k, hidden: l })?;
-    let mut r = b.zeros(bf, &[t, l])?;
-    let s = b.default_stream();
-
-    let router = |ids: &mut Dev<R>, weights: &mut Dev<R>| {
-        let args = MoeRouterArgs { x: x.as_ref(), weight: router_w.as_ref(), bias: Some(bias.as_ref()), topk_ids: ids.as_mut(), topk_weights: weights.as_mut() };
-        MoeRouter::run(b, &rplan, args, None, s)
+    let inputs = MoeInputs {
+        x: normal(b, bf, &[t, hidden], 1.0, 32)?,
+        router_weight: normal(b, bf, &[e, hidden], 0.03, 33)?,
+        bias: normal(b, DType::F32, &[e], 0.05, 34)?,
+        z: Some(normal(b, bf, &[t, l], 1.0, 35)?),
+        w13: bytes_of(b, &[e, 2 * n, l / 2], || rng.next_u64() as u8)?,
+        s13: bytes_of(b, &[e, 2 * n, l / 32], || 121 + rng.below(2) as u8)?,
+        w2: bytes_of(b, &[e, l, n / 2], || rng.next_u64() as u8)?,
+        s2: bytes_of(b, &[e, l, n / 32], || 121 + rng.below(2) as u8)?,
     };
-    let align = |ids: &Dev<R>, sorted: &mut Dev<R>, eids: &mut Dev<R>, ntp: &mut Dev<R>, aws: &mut Option<R::Buffer>| {
-        let args = MoeAlignArgs { topk_ids: ids.as_ref(), expert_map: None, sorted_token_ids: sorted.as_mut(), expert_ids: eids.as_mut(), num_tokens_post_padded: ntp.as_mut() };
-        MoeAlign::run(b, &aplan, args, aws.as_mut(), s)
-    };
-    let gate_up = |sorted: &Dev<R>, eids: &Dev<R>, ntp: &Dev<R>, a: &mut Dev<R>, gws: &mut Option<R::Buffer>| {
-        let args = MoeGemmArgs {
-            input: z.as_ref(),
-            weight: w13.as_ref(),
-            weight_scale: Some(s13.as_ref()),
-            sorted_token_ids: sorted.as_ref(),
-            expert_ids: eids.as_ref(),
-            num_tokens_post_padded: ntp.as_ref(),
-            topk_weights: None,
-            out: a.as_mut(),
-        };
-        MoeGroupedGemm::run(b, &gplan, args, gws.as_mut(), s)
-    };
-    let down = |sorted: &Dev<R>, eids: &Dev<R>, ntp: &Dev<R>, a: &Dev<R>, weights: &Dev<R>, y: &mut Dev<R>, dws: &mut Option<R::Buffer>| {
-        let args = MoeGemmArgs {
-            input: a.as_ref(),
-            weight: w2.as_ref(),
-            weight_scale: Some(s2.as_ref()),
-            sorted_token_ids: sorted.as_ref(),
-            expert_ids: eids.as_ref(),
-            num_tokens_post_padded: ntp.as_ref(),
-            topk_weights: Some(weights.as_ref()),
-            out: y.as_mut(),
-        };
-        MoeGroupedGemm::run(b, &dplan, args, dws.as_mut(), s)
-    };
-    let combine = |y: &Dev<R>, r: &mut Dev<R>| MoeCombine::run(b, &cplan, MoeCombineArgs { y: y.as_ref(), out: r.as_mut() }, None, s);
+    let plans = MoePlans::new(b, t, hidden, l, n, e, k, 4.0, Some(25.0))?;
+    let mut call = moe_call(b, &plans, inputs, bf)?;
 
     // One pass to learn which experts the router picks (the weight bytes the GEMMs must read).
-    router(&mut ids, &mut weights)?;
-    b.synchronize(s)?;
-    let picked = b.download_tensor(&ids)?.to_i64();
-    let mut used = vec![false; e];
-    for &i in &picked {
-        if let Some(u) = usize::try_from(i).ok().and_then(|i| used.get_mut(i)) {
-            *u = true;
-        }
-    }
-    let distinct = used.iter().filter(|&&u| u).count() as u64;
-    let (t64, h64, l64, n64, e64, k64) = (t as u64, hidden as u64, l as u64, n as u64, e as u64, k as u64);
-    let w13_bytes = distinct * (2 * n64 * l64 / 2 + 2 * n64 * l64 / 32);
-    let w2_bytes = distinct * (l64 * n64 / 2 + l64 * n64 / 32);
-    let pairs = t64 * k64;
-    let route_bytes = e64 * h64 * 2 + t64 * h64 * 2 + e64 * 4 + pairs * 8;
-    let meta = pairs * 4 + aplan.max_padded as u64 * 4 + aplan.num_blocks as u64 * 4;
-    let gu_bytes = w13_bytes + t64 * l64 * 2 + pairs * n64 * 2 + meta;
-    let dn_bytes = w2_bytes + pairs * n64 * 2 + pairs * l64 * 4 + meta;
-    let cb_bytes = pairs * l64 * 4 + t64 * l64 * 2;
-    let (route_flops, gu_flops, dn_flops) = (2 * t64 * h64 * e64, 2 * pairs * l64 * 2 * n64, 2 * pairs * n64 * l64);
+    call.router(b, &plans)?;
+    b.synchronize(b.default_stream())?;
+    let distinct = experts_touched(&b.download_tensor(&call.topk_ids)?, e);
+    let costs = plans.costs(distinct, bf, bf)?;
     let shape = format!("tokens={t} hidden={hidden} latent={l} n={n} experts={e} top_k={k} picked={distinct}");
     let dt = "bf16 act, mxfp4 experts";
-
-    let us = c.time(|| router(&mut ids, &mut weights))?;
-    c.push("moe_router", shape.clone(), "bf16 x/weight, f32 scores", us, route_bytes, route_flops);
-    let us = c.time(|| align(&ids, &mut sorted, &mut expert_ids, &mut ntp, &mut aws))?;
-    c.push("moe_align", shape.clone(), "i32", us, pairs * 4 + meta, 0);
-    let us = c.time(|| gate_up(&sorted, &expert_ids, &ntp, &mut a, &mut gws))?;
-    c.push("moe_gemm_gate_up", shape.clone(), dt, us, gu_bytes, gu_flops);
-    let us = c.time(|| down(&sorted, &expert_ids, &ntp, &a, &weights, &mut y, &mut dws))?;
-    c.push("moe_gemm_down", shape.clone(), dt, us, dn_bytes, dn_flops);
-    let us = c.time(|| combine(&y, &mut r))?;
-    c.push("moe_combine", shape.clone(), "f32 in, bf16 out", us, cb_bytes, pairs * l64);
-    let us = c.time(|| {
-        router(&mut ids, &mut weights)?;
-        align(&ids, &mut sorted, &mut expert_ids, &mut ntp, &mut aws)?;
-        gate_up(&sorted, &expert_ids, &ntp, &mut a, &mut gws)?;
-        down(&sorted, &expert_ids, &ntp, &a, &weights, &mut y, &mut dws)?;
-        combine(&y, &mut r)
-    })?;
-    let total_bytes = route_bytes + w13_bytes + w2_bytes + t64 * l64 * 2 + pairs * (n64 * 2 + l64 * 4) + t64 * l64 * 2;
-    c.push("moe", shape, dt, us, total_bytes, route_flops + gu_flops + dn_flops);
-    Ok(())
+    let stages: [(&str, &str, MoeStage<R>); 5] = [
+        ("moe_router", "bf16 x/weight, f32 scores", MoeCall::router),
+        ("moe_align", "i32", MoeCall::align),
+        ("moe_gemm_gate_up", dt, MoeCall::gate_up),
+        ("moe_gemm_down", dt, MoeCall::down),
+        ("moe_combine", "f32 in, bf16 out", MoeCall::combine),
+    ];
+    for ((op, dtype, stage), cost) in stages.into_iter().zip(costs) {
+        let us = c.time(|| stage(&mut call, b, &plans))?;
+        c.push(op, shape.clone(), dtype, us, Ok(cost))?;
+    }
+    let us = c.time(|| call.run(b, &plans))?;
+    c.push("moe", shape, dt, us, total(&costs))
 }
 
 /// `out = x · Wᵀ` in bf16 through the contract's `Gemm`, once per route of the runtime (on
@@ -580,7 +479,6 @@ fn dense_gemm<R: Runtime>(c: &mut Bench<'_, R>, m: usize, n: usize, k: usize, wh
     let w = normal(b, bf, &[n, k], 1.0 / (k as f32).sqrt(), 42)?;
     let mut out = b.zeros(bf, &[m, n])?;
     let plan = Gemm::plan(b, &GemmParams::new(m, n, k, bf, bf, bf))?;
-    let (m64, n64, k64) = (m as u64, n as u64, k as u64);
     for (route, select) in routes {
         select();
         let mut w_s = ws(b, Gemm::workspace_size(b, &plan))?;
@@ -588,8 +486,7 @@ fn dense_gemm<R: Runtime>(c: &mut Bench<'_, R>, m: usize, n: usize, k: usize, wh
             let args = GemmArgs { x: x.as_ref(), w: w.as_ref(), bias: None, out: out.as_mut() };
             Gemm::run(b, &plan, args, w_s.as_mut(), b.default_stream())
         })?;
-        let bytes = 2 * (m64 * k64 + n64 * k64 + m64 * n64);
-        c.push("dense_gemm", format!("M={m} N={n} K={k} ({what}) route={route}"), "bf16", us, bytes, 2 * m64 * n64 * k64);
+        c.push("dense_gemm", format!("M={m} N={n} K={k} ({what}) route={route}"), "bf16", us, plan.params.cost())?;
     }
     Ok(())
 }
@@ -607,6 +504,7 @@ fn copy_gbs<R: Runtime>(c: &Bench<'_, R>, bytes: usize) -> Result<f64> {
 /// Runs every case; `gemm_routes` are (name, select) pairs the dense GEMM is timed under.
 fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn())]) -> Result<()> {
     let sh = shapes(o.smoke);
+    let hw = sol::resolve_hardware(o.hardware.as_deref(), &b.device_info().name)?;
     let mut c = Bench { b, warmup: o.warmup, iters: o.iters, rows: Vec::new() };
     let (copy, copy_source) = match o.copy_gbs {
         Some(v) => (v, "--copy-gbs"),
@@ -620,7 +518,7 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
             failures.push(json!({"case": what, "error": e.to_string()}));
         }
         if let Some(path) = &o.json {
-            if let Err(e) = write_report(path, &report(c, o, copy, copy_source, &failures)) {
+            if let Err(e) = write_report(path, &report(c, o, copy, copy_source, &hw, &failures)) {
                 eprintln!("{e}");
             }
         }
@@ -654,18 +552,12 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
         }
     }
     let failed = failures.len();
-    let report = report(&c, o, copy, copy_source, &failures);
+    let report = report(&c, o, copy, copy_source, &hw, &failures);
     if timing(b) == "emulated" {
         println!("NOTE: {} is an emulated device (SIMT emulator or k3 stand-in): these timings measure the emulator on the host CPU and mean nothing as GPU figures", b.device_info().name);
     }
-    println!("k3-device-bench on {} ({}), copy {:.1} GB/s copied ({copy_source}), median of {} after {} warmup", b.name(), b.device_info().name, copy, o.iters, o.warmup);
-    println!("{:<17} {:>10} {:>9} {:>9} {:>7}  shape / dtype", "op", "us", "TFLOP/s", "GB/s", "%copy");
-    for (r, v) in c.rows.iter().zip(report["rows"].as_array().into_iter().flatten()) {
-        println!(
-            "{:<17} {:>10.2} {:>9.3} {:>9.1} {:>7.1}  {} / {}",
-            r.op, r.us, v["tflops"].as_f64().unwrap_or(0.0), v["gbs"].as_f64().unwrap_or(0.0), v["pct_copy"].as_f64().unwrap_or(0.0), r.shape, r.dtype
-        );
-    }
+    println!("median of {} runs after {} warmup; floors: {}", o.iters, o.warmup, hw.1);
+    print!("{}", sol::table(&report, None));
     if let Some(path) = &o.json {
         write_report(path, &report)?;
         println!("report: {}", path.display());
@@ -688,21 +580,8 @@ fn timing<R: Runtime>(b: &GpuBackend<R>) -> &'static str {
 }
 
 /// The JSON report of the rows so far.
-fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, failures: &[Value]) -> Value {
-    let traffic = 2.0 * copy;
-    let rows: Vec<Value> = c
-        .rows
-        .iter()
-        .map(|r| {
-            let s = r.us * 1e-6;
-            let gbs = r.bytes as f64 / s / 1e9;
-            json!({
-                "op": r.op, "shape": r.shape, "dtype": r.dtype, "us": r.us,
-                "tflops": r.flops as f64 / s / 1e12, "gbs": gbs,
-                "bytes": r.bytes, "flops": r.flops, "pct_copy": 100.0 * gbs / traffic,
-            })
-        })
-        .collect();
+fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, hw: &(Option<&Hardware>, String), failures: &[Value]) -> Value {
+    let rows: Vec<Value> = c.rows.iter().map(|r| sol::row_json(&r.op, &r.shape, &r.dtype, r.us, &r.cost, hw.0, 2.0 * copy)).collect();
     json!({
         "schema": "k3-device-bench/1",
         "backend": c.b.name(),
@@ -714,7 +593,9 @@ fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, 
         "iters": o.iters,
         "copy_gbs": copy,
         "copy_source": copy_source,
-        "bytes_model": "inputs read + outputs written + weights read (MoE: picked experts only) + state/cache read and written; pct_copy = gbs / (2 * copy_gbs)",
+        "bytes_model": "each op's speed-of-light cost (kernel_api::cost): inputs read + outputs written + weights read (MoE: picked experts only) + state/cache read and written; pct_copy = gbs / (2 * copy_gbs); pct_floor = floor_us / us",
+        "hardware": hw.0.map(|h| json!({"id": h.id, "name": h.name, "source": hw.1})),
+        "hardware_note": hw.1,
         "failures": failures,
         "rows": rows,
     })

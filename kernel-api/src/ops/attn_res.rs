@@ -129,3 +129,21 @@ pub fn attn_res_score_vector(norm_weight: &HostTensor, proj_weight: &HostTensor)
     let w: Vec<f32> = nw.iter().zip(&pw).map(|(a, b)| a * b).collect();
     HostTensor::from_f32(DType::F32, &[d], &w)
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, Cost, CostBuilder, MathClass};
+
+impl AttnResMixParams {
+    /// The S sources read once, out written, the f32 score vector; 7 FLOPs per source value
+    /// (the RMS statistics, the score dot product, the weighted sum) on the vector units.
+    pub fn cost(&self, sources: DType, out: DType) -> Result<Cost> {
+        let (s, m, d) = (dim(self.sources), dim(self.m), dim(self.d));
+        CostBuilder::new("params")
+            .bytes(&[s, m, d, elem_bytes(sources)])
+            .bytes(&[m, d, elem_bytes(out)])
+            .bytes(&[d, 4])
+            .flops(MathClass::Vector, &[s, m, d, 7])
+            .build()
+    }
+}

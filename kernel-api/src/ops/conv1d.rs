@@ -283,3 +283,26 @@ pub trait CausalConv1d: Backend {
         stream: &Self::Stream,
     ) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, Cost, CostBuilder, MathClass};
+
+impl CausalConv1dParams {
+    /// `tokens` tokens in `seqs` sequences, x/out of dtype `io`, a state pool of dtype `state`:
+    /// x and out once, f32 weights, each sequence's state slot read and/or written; 2·W FLOPs
+    /// per value plus 4 for the SiLU.
+    pub fn cost(&self, tokens: usize, seqs: usize, io: DType, state: DType) -> Result<Cost> {
+        let (t, n, d, w) = (dim(tokens), dim(seqs), dim(self.dim), dim(self.width));
+        let pool = self.read_initial_state as u64 + self.write_final_state as u64;
+        let silu = matches!(self.activation, ConvActivation::Silu) as u64;
+        CostBuilder::new("params")
+            .bytes(&[t, d, 2, elem_bytes(io)])
+            .bytes(&[d, w, 4])
+            .bytes(&[pool, n, d, w.saturating_sub(1), elem_bytes(state)])
+            .bytes(&[n.saturating_add(1), 8])
+            .flops(MathClass::Vector, &[t, d, 2, w])
+            .flops(MathClass::Vector, &[silu, t, d, 4])
+            .build()
+    }
+}

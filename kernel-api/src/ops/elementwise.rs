@@ -259,3 +259,45 @@ pub trait EmbeddingGather: Backend {
         stream: &Self::Stream,
     ) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, Cost, CostBuilder, MathClass};
+
+impl SituGluParams {
+    /// The gate and up halves read, out written; 14 FLOPs per output (two tanh soft caps, a
+    /// sigmoid, the products).
+    pub fn cost(&self, input: DType, out: DType) -> Result<Cost> {
+        let (m, n) = (dim(self.m), dim(self.n));
+        CostBuilder::new("params")
+            .bytes(&[m, n, 2, elem_bytes(input)])
+            .bytes(&[m, n, elem_bytes(out)])
+            .flops(MathClass::Vector, &[m, n, 14])
+            .build()
+    }
+}
+
+impl SigmoidGateParams {
+    /// x and g read, out written; 4 FLOPs per value.
+    pub fn cost(&self, x: DType, g: DType, out: DType) -> Result<Cost> {
+        let (m, n) = (dim(self.m), dim(self.n));
+        CostBuilder::new("params")
+            .bytes(&[m, n, elem_bytes(x)])
+            .bytes(&[m, n, elem_bytes(g)])
+            .bytes(&[m, n, elem_bytes(out)])
+            .flops(MathClass::Vector, &[m, n, 4])
+            .build()
+    }
+}
+
+impl EmbeddingGatherParams {
+    /// The ids and the M gathered rows read, out written. No FLOPs.
+    pub fn cost(&self, table: DType, ids: DType, out: DType) -> Result<Cost> {
+        let (m, d) = (dim(self.m), dim(self.d));
+        CostBuilder::new("params")
+            .bytes(&[m, elem_bytes(ids)])
+            .bytes(&[m, d, elem_bytes(table)])
+            .bytes(&[m, d, elem_bytes(out)])
+            .build()
+    }
+}

@@ -167,3 +167,21 @@ pub trait Gemm: Backend {
     }
     fn run(&self, plan: &GemmPlan, args: GemmArgs<'_, Self>, workspace: Option<&mut Self::Buffer>, stream: &Self::Stream) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, matrix_class, Cost, CostBuilder};
+
+impl GemmParams {
+    /// x, W, out (and the bias) once each; 2·M·N·K FLOPs in the class of x and W.
+    pub fn cost(&self) -> Result<Cost> {
+        let (m, n, k) = (dim(self.m), dim(self.n), dim(self.k));
+        CostBuilder::new("params")
+            .bytes(&[m, k, elem_bytes(self.x_dtype)])
+            .bytes(&[n, k, elem_bytes(self.w_dtype)])
+            .bytes(&[m, n, elem_bytes(self.out_dtype)])
+            .bytes(&[n, self.bias_dtype.map_or(0, elem_bytes)])
+            .flops(matrix_class(self.x_dtype, self.w_dtype), &[2, m, n, k])
+            .build()
+    }
+}

@@ -74,6 +74,26 @@ pub struct KdaDecodeParams {
 }
 
 impl KdaDecodeParams {
+    /// K3's fused decode of `batch` rows over `heads` heads (96 / TP): K = V = 128, conv width 4,
+    /// pools of `batch + 1` slots (null slot 0), V-major state (the vLLM / FlashInfer pool
+    /// layout), lower-bound gate −5, β logits, q/k L2 norm, scale K^-1/2, gated RMSNorm ε 1e-5.
+    pub fn k3(batch: usize, heads: usize) -> Self {
+        KdaDecodeParams {
+            batch,
+            heads,
+            head_k: 128,
+            head_v: 128,
+            conv_width: 4,
+            state_slots: batch.saturating_add(1),
+            state_layout: KdaStateLayout::VMajor,
+            gate: KdaGateMode::LowerBound { lower_bound: -5.0 },
+            beta_sigmoid: true,
+            qk_l2norm: true,
+            scale: None,
+            output_norm: KdaOutputNorm::GatedRmsNorm { eps: 1e-5 },
+        }
+    }
+
     /// Packed channels D = H·(2K + V).
     pub fn channels(&self) -> usize {
         self.heads * (2 * self.head_k + self.head_v)
@@ -273,4 +293,50 @@ pub trait KdaDecode: Backend {
         workspace: Option<&mut Self::Buffer>,
         stream: &Self::Stream,
     ) -> Result<()>;
+}
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, Cost, CostBuilder, MathClass};
+
+impl KdaDecodeParams {
+    /// One decode step of all `batch` rows (null-slot rows counted like the others). `io` is the
+    /// dtype of x_qkv, g_raw, beta, output_gate and out; `conv_state` and `state` those of the
+    /// two pools.
+    ///
+    /// Bytes: per row its inputs and output, its conv-state slot and recurrent-state slot each
+    /// read and written once, its state index; once: conv weights, A_log, dt_bias, norm weight.
+    /// FLOPs (all vector: one token per state is a matrix-vector product): conv 2·W + SiLU 4 per
+    /// channel; per head 7·K·V for the recurrence (decay, Sᵀk, rank-1 update, Sᵀq), 13·K for
+    /// the L2 norms, q scale and gate, 2·V for the residual and β, 8·V for the gated RMSNorm.
+    pub fn cost(&self, io: DType, conv_state: DType, state: DType) -> Result<Cost> {
+        let (b, h, k, v, w) = (dim(self.batch), dim(self.heads), dim(self.head_k), dim(self.head_v), dim(self.conv_width));
+        let gated = matches!(self.output_norm, KdaOutputNorm::GatedRmsNorm { .. }) as u64;
+        let gate_params = self.gate.uses_gate_params() as u64;
+        let (s, cs) = (elem_bytes(io), elem_bytes(conv_state));
+        let hist = w.saturating_sub(1);
+        let mut c = CostBuilder::new("params");
+        // The packed q|k|v channels: 2K + V per head.
+        for per_head in [k, k, v] {
+            c = c
+                .bytes(&[b, h, per_head, s])
+                .bytes(&[2, b, h, per_head, hist, cs])
+                .bytes(&[h, per_head, w, 4])
+                .flops(MathClass::Vector, &[b, h, per_head, w.saturating_mul(2).saturating_add(4)]);
+        }
+        c.bytes(&[b, h, k, s])
+            .bytes(&[b, h, s])
+            .bytes(&[b, h, v, s])
+            .bytes(&[gated, b, h, v, s])
+            .bytes(&[2, b, h, k, v, elem_bytes(state)])
+            .bytes(&[b, 4])
+            .bytes(&[gate_params, h, 4])
+            .bytes(&[gate_params, h, k, 4])
+            .bytes(&[gated, v, 4])
+            .flops(MathClass::Vector, &[b, h, 7, k, v])
+            .flops(MathClass::Vector, &[b, h, 13, k])
+            .flops(MathClass::Vector, &[b, h, 2, v])
+            .flops(MathClass::Vector, &[gated, b, h, 8, v])
+            .build()
+    }
 }

@@ -501,3 +501,41 @@ mod tests {
         assert_eq!(plan.workspace_bytes(), 512 + 50 * 3 * w.floats_per_token * 4);
     }
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, matrix_class, Cost, CostBuilder, MathClass};
+
+impl KdaPrefillParams {
+    /// A prefill of `tokens` tokens in `seqs` sequences; `io` is the dtype of q, k, v, g_raw,
+    /// beta and out, `state` that of the pool.
+    ///
+    /// Bytes: q, k, g_raw (K each), v and out (V each) and beta per (token, head); A_log and
+    /// dt_bias; cu_seqlens; the pool slot of each sequence read and/or written once.
+    /// FLOPs, per (token, head), of the chunked (WY) form with chunk C = min(chunk_size, mean
+    /// sequence length), in the matrix class of `io`: 6·K·V (v' = u − wS, (q⊙e^G)S, the state
+    /// update) + 3·C·K (the strictly lower K·Kᵀ, A_qk, w) + 2·C·V (u, A_qk v') + C²/3 (the
+    /// triangular solve); plus 13·K vector FLOPs (q/k L2 norms, q scale, gate, decays) and β.
+    pub fn cost(&self, tokens: usize, seqs: usize, io: DType, state: DType) -> Result<Cost> {
+        let (t, n, h, k, v) = (dim(tokens), dim(seqs), dim(self.heads), dim(self.k_dim), dim(self.v_dim));
+        let c = dim(self.chunk_size).min(t.div_ceil(n.max(1))).max(1);
+        let pool = self.read_initial_state as u64 + self.write_final_state as u64;
+        let gate_params = self.gate.uses_gate_params() as u64;
+        let (s, class) = (elem_bytes(io), matrix_class(io, io));
+        CostBuilder::new("params")
+            .bytes(&[t, h, k, 3, s])
+            .bytes(&[t, h, v, 2, s])
+            .bytes(&[t, h, s])
+            .bytes(&[gate_params, dim(self.a_log_len), 4])
+            .bytes(&[gate_params, h, k, 4])
+            .bytes(&[n.saturating_add(1), 8])
+            .bytes(&[pool, n, h, k, v, elem_bytes(state)])
+            .flops(class, &[t, h, 6, k, v])
+            .flops(class, &[t, h, 3, c, k])
+            .flops(class, &[t, h, 2, c, v])
+            .flops(class, &[t, h, c.saturating_mul(c) / 3])
+            .flops(MathClass::Vector, &[t, h, 13, k])
+            .flops(MathClass::Vector, &[t, h, 2])
+            .build()
+    }
+}

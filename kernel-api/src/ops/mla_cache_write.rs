@@ -180,3 +180,22 @@ pub trait MlaCacheWrite: Backend {
         stream: &Self::Stream,
     ) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, Cost, CostBuilder, MathClass};
+
+impl MlaCacheWriteParams {
+    /// Writing `tokens` tokens given in dtype `input`: the inputs read, the encoded rows and the
+    /// slot mapping; fp8 formats cost an amax, a scale and a conversion per value.
+    pub fn cost(&self, tokens: usize, input: DType) -> Result<Cost> {
+        let (t, width) = (dim(tokens), dim(self.dims.width()));
+        let fp8 = !matches!(self.format, KvCacheFormat::Bf16) as u64;
+        CostBuilder::new("params")
+            .bytes(&[t, width, elem_bytes(input)])
+            .bytes(&[t, dim(self.format.bytes_per_token(self.dims))])
+            .bytes(&[t, 8])
+            .flops(MathClass::Vector, &[fp8, t, width, 3])
+            .build()
+    }
+}

@@ -462,3 +462,42 @@ pub trait MlaDecode: Backend {
         stream: &Self::Stream,
     ) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, matrix_class, Cost, CostBuilder, MathClass};
+
+impl MlaDecodeParams {
+    /// One decode call over `batch` sequences holding `kv_tokens` cached tokens in all (the sum
+    /// of `seq_lens`, the new `q_len` tokens included); `q` and `out` are the query and output
+    /// dtypes.
+    ///
+    /// Bytes: every cached token once (the heads of a sequence share it: MQA), q, out and lse,
+    /// the block-table entries read and seq_lens. FLOPs: per (query row, head, key it sees)
+    /// 2·(latent + rope) for the score and 2·latent for the context, in the class of q against
+    /// a bf16 key (fp8 caches are dequantised to bf16 on chip; an f32 q runs on the vector
+    /// units); 5 vector FLOPs per score for the online softmax, and for fp8 caches one dequant
+    /// FLOP per cached value and head group of 16.
+    pub fn cost(&self, batch: usize, kv_tokens: u64, q: DType, out: DType) -> Result<Cost> {
+        let (b, h, ql) = (dim(batch), dim(self.heads), dim(self.q_len));
+        let (lat, rope) = (dim(self.cache.dims.latent), dim(self.cache.dims.rope));
+        let width = lat.saturating_add(rope);
+        // Causal tail: query i of a sequence sees len - q_len + i + 1 keys.
+        let tail = b.saturating_mul(ql.saturating_mul(ql.saturating_sub(1)) / 2);
+        let seen = ql.checked_mul(kv_tokens).map(|x| x.saturating_sub(tail));
+        let Some(seen) = seen else { return Err(Error::invalid("params", "q_len x kv_tokens overflows u64")) };
+        let fp8 = !matches!(self.cache.format, KvCacheFormat::Bf16) as u64;
+        let page = dim(self.cache.page_size).max(1);
+        CostBuilder::new("params")
+            .bytes(&[kv_tokens, dim(self.cache.bytes_per_token())])
+            .bytes(&[b, ql, h, width, elem_bytes(q)])
+            .bytes(&[b, ql, h, lat, elem_bytes(out)])
+            .bytes(&[b, ql, h, 4])
+            .bytes(&[(kv_tokens / page).saturating_add(b), 4])
+            .bytes(&[b, 4])
+            .flops(matrix_class(q, DType::BF16), &[seen, h, 2, width.saturating_add(lat)])
+            .flops(MathClass::Vector, &[seen, h, 5])
+            .flops(MathClass::Vector, &[fp8, kv_tokens, width, h.div_ceil(HEAD_GROUP as u64)])
+            .build()
+    }
+}

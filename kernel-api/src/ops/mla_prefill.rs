@@ -276,3 +276,51 @@ pub trait MlaPrefill: Backend {
         stream: &Self::Stream,
     ) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, matrix_class, Cost, CostBuilder, MathClass};
+
+impl MlaPrefillParams {
+    /// `seqs` sequences of `q_per_seq` queries attending to `kv_per_seq` keys each (equal for
+    /// self-attention; causal masks are bottom-right aligned), q/k/v/out of dtype `io`.
+    ///
+    /// Bytes: q, k, v, out and lse once, cu_seqlens. FLOPs: per (query, key it sees, head)
+    /// 2·qk_dim + 2·v_dim in the matrix class of `io`, 5 vector FLOPs for the online softmax.
+    pub fn cost(&self, seqs: usize, q_per_seq: usize, kv_per_seq: usize, io: DType) -> Result<Cost> {
+        let (n, q, kv, h) = (dim(seqs), dim(q_per_seq) as u128, dim(kv_per_seq) as u128, dim(self.heads));
+        let pairs = if self.causal {
+            // Query i (0-based) sees kv - q + i + 1 keys (none when that is <= 0).
+            sum_clamped(kv as i128 - q as i128 + 1, q)
+        } else {
+            q.checked_mul(kv)
+        };
+        let pairs = pairs.and_then(|p| u64::try_from(p).ok()).ok_or_else(|| Error::invalid("params", "query-key pairs overflow u64"))?;
+        let s = elem_bytes(io);
+        let (qk, v) = (dim(self.qk_dim), dim(self.v_dim));
+        CostBuilder::new("params")
+            .bytes(&[n, dim(q_per_seq), h, qk.saturating_add(v), s])
+            .bytes(&[n, dim(kv_per_seq), h, qk.saturating_add(v), s])
+            .bytes(&[n, dim(q_per_seq), h, 4])
+            .bytes(&[n.saturating_add(1), 8])
+            .flops(matrix_class(io, io), &[n, pairs, h, 2, qk.saturating_add(v)])
+            .flops(MathClass::Vector, &[n, pairs, h, 5])
+            .build()
+    }
+}
+
+/// Σ_{i=0}^{q-1} max(0, first + i), `None` when it does not fit.
+fn sum_clamped(first: i128, q: u128) -> Option<u128> {
+    let q = i128::try_from(q).ok()?;
+    // Terms are positive from i0 = max(0, 1 - first) on.
+    let i0 = (1 - first).clamp(0, q);
+    let (lo, hi) = (first + i0, first + q - 1);
+    if hi < lo {
+        return Some(0);
+    }
+    let n = u128::try_from(hi - lo + 1).ok()?;
+    let (lo, hi) = (u128::try_from(lo).ok()?, u128::try_from(hi).ok()?);
+    // (lo + hi)·n is even: halve the even factor first so the product cannot overflow early.
+    let sum = lo.checked_add(hi)?;
+    if sum % 2 == 0 { (sum / 2).checked_mul(n) } else { sum.checked_mul(n / 2) }
+}

@@ -165,3 +165,39 @@ pub trait MoeAlign: Backend {
         stream: &Self::Stream,
     ) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, Cost, CostBuilder};
+
+impl MoeRouting {
+    /// Experts expected to serve at least one pair when every token picks `top_k` distinct
+    /// experts uniformly at random (how the published MoE kernel benchmarks route):
+    /// E·(1 − (1 − k/E)^T), rounded down, at least `top_k` (capped at E) for T ≥ 1.
+    pub fn expected_experts_touched(&self) -> usize {
+        if self.tokens == 0 || self.experts == 0 {
+            return 0;
+        }
+        let (e, k) = (self.experts as f64, self.top_k.min(self.experts) as f64);
+        let miss = (1.0 - k / e).powf(self.tokens as f64);
+        ((e * (1.0 - miss)).floor() as usize).clamp(self.top_k.min(self.experts), self.experts)
+    }
+}
+
+impl MoeAlignParams {
+    /// topk_ids read; sorted_token_ids, expert_ids and the padded count written; the expert
+    /// map read. No FLOPs.
+    pub fn cost(&self) -> Result<Cost> {
+        let r = &self.routing;
+        let (Some(pairs), Some(padded), Some(blocks)) = (r.pairs(), r.max_padded(), r.num_blocks()) else {
+            return Err(Error::invalid("params.routing", "tokens·top_k + experts·(block_m-1) overflows"));
+        };
+        CostBuilder::new("params")
+            .bytes(&[dim(pairs), 4])
+            .bytes(&[dim(padded), 4])
+            .bytes(&[dim(blocks), 4])
+            .bytes(&[4])
+            .bytes(&[dim(self.global_experts.unwrap_or(0)), 4])
+            .build()
+    }
+}

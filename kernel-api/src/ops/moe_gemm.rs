@@ -294,3 +294,70 @@ pub trait MoeCombine: Backend {
         stream: &Self::Stream,
     ) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, matrix_class, Cost, CostBuilder, MathClass};
+
+impl MoeGemmParams {
+    /// One stage over the routing, `experts_touched` experts serving at least one pair (see
+    /// [`MoeRouting::expected_experts_touched`]). `input`/`out` are the activation dtypes,
+    /// `dense_weight` the weight dtype of [`MoeWeightFormat::Dense`] (ignored for MXFP4).
+    ///
+    /// Bytes: the weights (MXFP4: k/2 code bytes + k/32 scale bytes per row) of the touched
+    /// experts once; the input rows once (GateUp: one per token, Down: one per pair); out; the
+    /// align metadata of the blocks walked (and the router weights for Down). FLOPs: 2·pairs·k·rows in the class of
+    /// the activations against the weights (MXFP4 x bf16 dequantises to bf16, x MXFP8 runs at
+    /// the fp8 rate); the MXFP8 quantisation (3 per input value), the SiTU epilogue (12 per
+    /// output) or the router-weight multiply (1 per output) on the vector units.
+    pub fn cost(&self, experts_touched: usize, input: DType, dense_weight: DType, out: DType) -> Result<Cost> {
+        let r = &self.routing;
+        if experts_touched > r.experts {
+            return Err(Error::invalid("experts_touched", format!("{experts_touched} exceeds routing.experts = {}", r.experts)));
+        }
+        let (Some(pairs), Some(padded), Some(rows)) = (r.pairs(), r.max_padded(), self.weight_rows()) else {
+            return Err(Error::invalid("params.routing", "tokens·top_k + experts·(block_m-1) or the weight rows overflow"));
+        };
+        let (pairs, rows, k, n, e) = (dim(pairs), dim(rows), dim(self.k), dim(self.n), dim(experts_touched));
+        let rows_in = match self.stage {
+            MoeGemmStage::GateUp { .. } => dim(r.tokens),
+            MoeGemmStage::Down => pairs,
+        };
+        let act = match self.activation_quant {
+            Some(MoeActivationQuant::Mxfp8) => DType::F8E4M3Fn,
+            None => input,
+        };
+        let c = CostBuilder::new("params");
+        let (c, weight) = match self.weights {
+            MoeWeightFormat::Mxfp4 => (c.bytes(&[e, rows, k / 2]).bytes(&[e, rows, k / MX_BLOCK as u64]), DType::F4E2M1x2),
+            MoeWeightFormat::Dense => (c.bytes(&[e, rows, k, elem_bytes(dense_weight)]), dense_weight),
+        };
+        let (epilogue, router_weights) = match self.stage {
+            MoeGemmStage::GateUp { .. } => (12, 0),
+            MoeGemmStage::Down => (1, 1),
+        };
+        // The blocks actually walked: each touched expert's run padded to block_m.
+        let m = dim(r.block_m);
+        let used = dim(padded).min(pairs.saturating_add(e.saturating_mul(m.saturating_sub(1))));
+        c.bytes(&[rows_in, k, elem_bytes(input)])
+            .bytes(&[pairs, n, elem_bytes(out)])
+            .bytes(&[used.saturating_add(used.div_ceil(m.max(1))).saturating_add(1), 4])
+            .bytes(&[router_weights, pairs, 4])
+            .flops(matrix_class(act, weight), &[2, pairs, k, rows])
+            .flops(MathClass::Vector, &[self.activation_quant.is_some() as u64, rows_in, k, 3])
+            .flops(MathClass::Vector, &[pairs, n, epilogue])
+            .build()
+    }
+}
+
+impl MoeCombineParams {
+    /// The routed rows (dtype `input`, f32 in K3) read once, out written; one add per value.
+    pub fn cost(&self, input: DType, out: DType) -> Result<Cost> {
+        let (t, k, h) = (dim(self.tokens), dim(self.top_k), dim(self.hidden));
+        CostBuilder::new("params")
+            .bytes(&[t, k, h, elem_bytes(input)])
+            .bytes(&[t, h, elem_bytes(out)])
+            .flops(MathClass::Vector, &[t, k, h])
+            .build()
+    }
+}

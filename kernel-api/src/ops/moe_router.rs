@@ -171,3 +171,25 @@ pub trait MoeRouter: Backend {
         stream: &Self::Stream,
     ) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, matrix_class, Cost, CostBuilder, MathClass};
+
+impl MoeRouterParams {
+    /// x (dtype `x`), the router weight (dtype `w`) and the f32 bias read, ids and weights
+    /// written; 2·T·hidden·E FLOPs for the logits in the class of x and W (bf16 products are
+    /// exact in the f32 accumulator the contract asks for), 6 vector FLOPs per (token, expert)
+    /// for the sigmoid, bias and top-k selection.
+    pub fn cost(&self, x: DType, w: DType) -> Result<Cost> {
+        let (t, hid, e, k) = (dim(self.tokens), dim(self.hidden), dim(self.experts), dim(self.top_k));
+        CostBuilder::new("params")
+            .bytes(&[t, hid, elem_bytes(x)])
+            .bytes(&[e, hid, elem_bytes(w)])
+            .bytes(&[e, 4])
+            .bytes(&[t, k, 8])
+            .flops(matrix_class(x, w), &[2, t, hid, e])
+            .flops(MathClass::Vector, &[t, e, 6])
+            .build()
+    }
+}

@@ -245,3 +245,35 @@ pub trait L2Norm: Backend {
     }
     fn run(&self, plan: &L2NormPlan, args: L2NormArgs<'_, Self>, workspace: Option<&mut Self::Buffer>, stream: &Self::Stream) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, Cost, CostBuilder, MathClass};
+
+impl RmsNormParams {
+    /// x read, out written, the weight once; 4 FLOPs per value (square-add, scale, weight).
+    pub fn cost(&self, x: DType, w: DType, out: DType) -> Result<Cost> {
+        let (m, d) = (dim(self.m), dim(self.d));
+        CostBuilder::new("params")
+            .bytes(&[m, d, elem_bytes(x)])
+            .bytes(&[m, d, elem_bytes(out)])
+            .bytes(&[d, elem_bytes(w)])
+            .flops(MathClass::Vector, &[m, d, 4])
+            .build()
+    }
+}
+
+impl GatedRmsNormParams {
+    /// o and the gate read, out written, the f32 weight once; 8 FLOPs per value (the norm, the
+    /// weight, the sigmoid gate).
+    pub fn cost(&self, o: DType, gate: DType, out: DType) -> Result<Cost> {
+        let (m, h, d) = (dim(self.m), dim(self.heads), dim(self.head_dim));
+        CostBuilder::new("params")
+            .bytes(&[m, h, d, elem_bytes(o)])
+            .bytes(&[m, h, d, elem_bytes(gate)])
+            .bytes(&[m, h, d, elem_bytes(out)])
+            .bytes(&[d, 4])
+            .flops(MathClass::Vector, &[m, h, d, 8])
+            .build()
+    }
+}

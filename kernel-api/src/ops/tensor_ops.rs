@@ -84,3 +84,16 @@ pub trait AddAssign: Backend {
     }
     fn run(&self, plan: &ElementwisePlan, args: AddAssignArgs<'_, Self>, stream: &Self::Stream) -> Result<()>;
 }
+
+// ---- speed-of-light cost (see crate::cost) ----
+
+use crate::cost::{dim, elem_bytes, Cost, CostBuilder, MathClass};
+
+impl ElementwiseParams {
+    /// `dst += src` over the shape: dst read and written, src read; one add per value.
+    pub fn add_assign_cost(&self, dst: DType, src: DType) -> Result<Cost> {
+        let n = self.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(dim(d)));
+        let Some(n) = n else { return CostBuilder::new("params.shape").bytes(&[u64::MAX, 2]).build() };
+        CostBuilder::new("params").bytes(&[n, 2, elem_bytes(dst)]).bytes(&[n, elem_bytes(src)]).flops(MathClass::Vector, &[n]).build()
+    }
+}

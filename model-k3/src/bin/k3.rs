@@ -126,6 +126,8 @@ enum Cmd {
         #[command(flatten)]
         backend: BackendArg,
     },
+    /// Speed-of-light floors of a K3 decode step and prefill per GPU (a model, not a measurement).
+    Plan(model_k3::plan::PlanArgs),
     /// Environment fingerprint and staged checks; names the first failing stage.
     Doctor {
         #[arg(long)]
@@ -186,6 +188,7 @@ fn main() -> ExitCode {
                 Err(e) => fail(e),
             }
         }),
+        Cmd::Plan(args) => model_k3::plan::run_cli(&args),
         Cmd::Doctor { json, backend } => {
             let report = doctor::run_doctor(&backend.name());
             if json {
