@@ -12,9 +12,8 @@
 //! Compiles are cached by content hash (`K3_KERNEL_CACHE_DIR`, default under `$OUT_DIR`). This
 //! script never panics.
 
-use k3_build_support::{compile_cuda, kernel_sources, write_image_table, BuildEnv, Config};
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use k3_build_support::{compile_cuda, kernel_sources, write_image_table, write_sources_table, BuildEnv, Config};
+use std::path::PathBuf;
 
 fn main() {
     let env = BuildEnv::build_script();
@@ -44,26 +43,4 @@ fn build(env: &BuildEnv) -> Result<(), String> {
         }
     }
     write_image_table(&cfg.out_dir.join("cuda_images.rs"), &cuda, &[])
-}
-
-/// `SOURCES`: every file a kernel may include, embedded for NVRTC.
-fn write_sources_table(env: &BuildEnv, csrc: &Path, path: &Path) -> Result<(), String> {
-    let exts: Vec<&str> = ["cu"].into_iter().chain(k3_build_support::sources::HEADER_EXTS.iter().copied()).collect();
-    let files = k3_build_support::sources::find_files(csrc, &exts, &[])?;
-    let mut text = String::from("/// Every file under kernels/csrc: (path relative to csrc, contents).\n");
-    text.push_str("pub static SOURCES: &[(&str, &str)] = &[\n");
-    for dir in k3_build_support::sources::dirs_under(csrc) {
-        env.rerun_if_changed(&dir); // an added file re-runs the script
-    }
-    for f in &files {
-        env.rerun_if_changed(f);
-        let rel = f.strip_prefix(csrc).map_err(|e| e.to_string())?.to_string_lossy().replace('\\', "/");
-        let abs = f.to_str().ok_or_else(|| format!("{} is not UTF-8", f.display()))?;
-        let _ = writeln!(text, "    ({rel:?}, include_str!({abs:?})),");
-    }
-    text.push_str("];\n");
-    if std::fs::read_to_string(path).ok().as_deref() == Some(text.as_str()) {
-        return Ok(());
-    }
-    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }

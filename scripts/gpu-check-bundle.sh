@@ -36,45 +36,17 @@ export CARGO_TERM_COLOR=never
 rm -rf "$STAGE/bin"
 mkdir -p "$STAGE/bin"
 
-# `cargo <args> --message-format=json` -> the executables it built, one per line: test harnesses
-# for `cargo test`, binaries and examples otherwise (`cargo test` also builds the package's bins).
-executables() {
-  local want_test=0
-  [ "$1" = test ] && want_test=1
-  cargo "$@" --release --message-format=json-render-diagnostics |
-    python3 -c 'import json, sys
-want_test = sys.argv[1] == "1"
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] == want_test:
-        print(m["executable"])' "$want_test"
-}
-
-# name in the bundle <- cargo invocation (each must build exactly one executable)
-pack() {
-  local name=$1
-  shift
-  local exe
-  exe=$(executables "$@" | tail -n 1)
-  if [ -z "$exe" ] || [ ! -x "$exe" ]; then
-    echo "gpu-check-bundle: cargo $* built no executable" >&2
-    exit 1
-  fi
-  strip -o "$STAGE/bin/$name" "$exe" 2>/dev/null || cp "$exe" "$STAGE/bin/$name"
-  echo "  $name <- $exe"
-}
+# shellcheck source=scripts/check-lib.sh
+. "$ROOT/scripts/check-lib.sh"
 
 echo "building for K3_CUDA_ARCHS=$K3_CUDA_ARCHS (release)"
-pack k3 build -p model-k3 --features cuda --bin k3
-pack k3-device-bench build -p k3-benches --features cuda --bin k3-device-bench
-pack copy_bandwidth build -p k3-backend-cuda --example copy_bandwidth
-pack cuda-gpu-tests test --no-run -p k3-backend-cuda --test gpu
-pack cuda-conformance test --no-run -p k3-backend-cuda --test conformance_cuda
-pack cuda-graph-test test --no-run -p model-k3 --features cuda --test cuda_graph
-pack k3-peer build -p k3-benches --features cuda --bin k3-peer
+pack "$STAGE" k3 build -p model-k3 --features cuda --bin k3
+pack "$STAGE" k3-device-bench build -p k3-benches --features cuda --bin k3-device-bench
+pack "$STAGE" copy_bandwidth build -p k3-backend-cuda --example copy_bandwidth
+pack "$STAGE" cuda-gpu-tests test --no-run -p k3-backend-cuda --test gpu
+pack "$STAGE" cuda-conformance test --no-run -p k3-backend-cuda --test conformance_cuda
+pack "$STAGE" cuda-graph-test test --no-run -p model-k3 --features cuda --test cuda_graph
+pack "$STAGE" k3-peer build -p k3-benches --features cuda --bin k3-peer
 
 # FLA (fla-org/flash-linear-attention) for the GPU machine's Python 3.12; py3-none-any wheel.
 FLA_CORE_VERSION="${FLA_CORE_VERSION:-0.6.0}"

@@ -48,59 +48,8 @@ BUDGET=${K3_GPU_CHECK_BUDGET_S:-460}
 export CARGO_TERM_COLOR=never
 export K3_KERNEL_CACHE_DIR="$WORK/kernel-cache"
 
-STEP_NAMES=()
-STEP_STATUS=()
-STEP_SECS=()
-STEP_NOTE=()
-
-json_str() { # a JSON string literal of $1
-  local s
-  s=$(printf '%s' "$1" | tr -d '\000-\010\013\014\016-\037')
-  s=${s//\\/\\\\}
-  s=${s//\"/\\\"}
-  s=${s//$'\n'/\\n}
-  s=${s//$'\t'/\\t}
-  s=${s//$'\r'/}
-  printf '"%s"' "$s"
-}
-
-record() { # name status seconds note
-  STEP_NAMES+=("$1")
-  STEP_STATUS+=("$2")
-  STEP_SECS+=("$3")
-  STEP_NOTE+=("$4")
-}
-
-left() { echo $((BUDGET - ($(date +%s) - START))); }
-
-# run_step NAME CAP_SECONDS CMD...: runs CMD with a timeout of min(CAP, budget left), output in
-# logs/NAME.log; records pass/fail/timeout. Returns the command's status.
-run_step() {
-  local name=$1 cap=$2
-  shift 2
-  local budget_left
-  budget_left=$(left)
-  if [ "$budget_left" -lt 10 ]; then
-    record "$name" skipped 0 "time budget used up"
-    return 99
-  fi
-  [ "$cap" -gt "$budget_left" ] && cap=$budget_left
-  local t0 rc
-  t0=$(date +%s)
-  timeout --kill-after=10 "$cap" "$@" >"$WORK/logs/$name.log" 2>&1
-  rc=$?
-  local secs=$(($(date +%s) - t0))
-  local note
-  note=$(grep -v '^\s*$' "$WORK/logs/$name.log" | tail -n 3 | cut -c1-300)
-  if [ $rc -eq 0 ]; then
-    record "$name" pass "$secs" "$note"
-  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    record "$name" timeout "$secs" "timed out after ${cap}s; $note"
-  else
-    record "$name" fail "$secs" "exit $rc; $note"
-  fi
-  return $rc
-}
+# shellcheck source=scripts/check-lib.sh
+. "$ROOT/scripts/check-lib.sh"
 
 # ---- 1. fingerprint ------------------------------------------------------------------------
 CARD=unknown DRIVER=unknown CC=unknown
@@ -275,9 +224,6 @@ else
 fi
 
 # ---- report ------------------------------------------------------------------------------------
-raw_or_null() { # a JSON value from a file/string when it looks like one
-  if [ -n "$1" ] && [ "${1:0:1}" = "{" ]; then printf '%s' "$1"; else printf 'null'; fi
-}
 {
   printf '{\n'
   printf '  "schema": "k3-gpu-check/1",\n'
@@ -296,24 +242,15 @@ raw_or_null() { # a JSON value from a file/string when it looks like one
   printf '  "device_bench": %s,\n' "$(raw_or_null "$(cat "$BENCH_JSON" 2>/dev/null)")"
   printf '  "fla_peer": %s,\n' "$(raw_or_null "$(cat "$FLA_JSON" 2>/dev/null)")"
   printf '  "doctor": %s,\n' "$(raw_or_null "$(cat "$WORK/doctor.json" 2>/dev/null)")"
-  printf '  "steps": [\n'
-  for i in "${!STEP_NAMES[@]}"; do
-    sep=","
-    [ "$i" -eq $((${#STEP_NAMES[@]} - 1)) ] && sep=""
-    printf '    {"step": %s, "status": %s, "seconds": %d, "note": %s}%s\n' \
-      "$(json_str "${STEP_NAMES[$i]}")" "$(json_str "${STEP_STATUS[$i]}")" "${STEP_SECS[$i]}" "$(json_str "${STEP_NOTE[$i]}")" "$sep"
-  done
-  printf '  ]\n}\n'
+  steps_json
+  printf '}\n'
 } >"$REPORT"
 [ -n "${OUT:-}" ] && cp -r "$WORK/logs" "$OUT/gpu-check-logs" 2>/dev/null
 
 # The short table, last.
 echo
 echo "gpu-check: $CARD (cc $CC, driver $DRIVER, nvcc $NVCC_VERSION), commit $COMMIT$DIRTY, $(($(date +%s) - START)) s"
-printf '%-16s %-10s %6s  %s\n' step status secs note
-for i in "${!STEP_NAMES[@]}"; do
-  printf '%-16s %-10s %6s  %s\n' "${STEP_NAMES[$i]}" "${STEP_STATUS[$i]}" "${STEP_SECS[$i]}" "$(echo "${STEP_NOTE[$i]}" | tail -n 1 | cut -c1-110)"
-done
+steps_table
 echo "tests: $TESTS_PASSED passed, $TESTS_FAILED failed, $TESTS_SKIPPED skip notes"
 # The bench table with % of copy bandwidth and % of floor, from the report (k3-device-bench
 # --table: the view every check script prints), then the FLA side by side.
@@ -321,8 +258,4 @@ echo "tests: $TESTS_PASSED passed, $TESTS_FAILED failed, $TESTS_SKIPPED skip not
 [ -s "$FLA_JSON" ] && sed -n '/^case /,$p' "$WORK/logs/fla_peer.log"
 [ -n "$BW_JSON" ] && echo "bandwidth: $(echo "$BW_JSON" | grep -o '"d2d_copy_gbs": [0-9.]*\|"h2d_gbs": [0-9.]*\|"d2h_gbs": [0-9.]*\|"launch_us": [0-9.]*' | tr '\n' ' ')"
 echo "report: $REPORT"
-# Non-zero when any step failed or timed out (skipped / not built are not failures).
-for s in "${STEP_STATUS[@]}"; do
-  case "$s" in fail | timeout) exit 1 ;; esac
-done
-exit 0
+steps_exit_status

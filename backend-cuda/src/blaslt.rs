@@ -11,15 +11,17 @@
 //!
 //! Accepted: x, W bf16 with out bf16 or f32; x, W, out all f32 (`CUBLAS_COMPUTE_32F`, no TF32).
 //! A bias must have the dtype of `out`. `M = 0` does nothing. The heuristic's choice is cached
-//! per (shape, dtypes, strides, pointer alignments, workspace size).
+//! per (shape, dtypes, strides, pointer alignments, workspace size). The operand checks, spans,
+//! alignments and the workspace a plan offers (sized from the shape) are shared with the ROCm
+//! backend's hipBLASLt path (`k3_kernels::vendor_gemm`).
 
 use crate::driver::driver_lib;
 use crate::dylib::{Lib, NotFound};
 use crate::runtime::{CudaBuffer, CudaRuntime, CudaStream};
 use cudarc::cublaslt::{result as lt, sys};
+use k3_kernels::vendor_gemm::{lt_workspace_bytes, operand_span as span, pointer_alignment as alignment, LtGemm};
 use k3_kernels::{MatrixOperand, VendorGemmArgs};
 use kernel_api::ops::gemm::GemmParams;
-use kernel_api::error::Reasons;
 use kernel_api::{DType, Error, Result};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -53,9 +55,10 @@ impl GemmRoute {
     }
 }
 
-/// Workspace cuBLASLt is offered when the caller has one: NVIDIA recommends 32 MiB on Hopper
-/// and Blackwell for the fastest algorithms.
-pub const BLASLT_WORKSPACE_BYTES: usize = 32 << 20;
+/// The most workspace a plan offers cuBLASLt (NVIDIA recommends 32 MiB on Hopper and Blackwell
+/// for the fastest algorithms); a plan offers `k3_kernels::vendor_gemm::lt_workspace_bytes` of
+/// its shape, at most this.
+pub const BLASLT_WORKSPACE_BYTES: usize = k3_kernels::vendor_gemm::LT_WORKSPACE_MAX_BYTES;
 
 const SYMBOLS: &[&str] = &[
     "cublasLtCreate",
@@ -122,39 +125,7 @@ impl Drop for BlasLt {
 }
 
 /// One GEMM as cuBLASLt sees it: the contract's params and the operands' row strides.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct BlasLtGemm {
-    pub params: GemmParams,
-    /// Elements between rows of `x` (≥ K).
-    pub x_row_stride: usize,
-    /// Elements between rows of `W` (≥ K).
-    pub w_row_stride: usize,
-}
-
-impl BlasLtGemm {
-    /// From the contract's params with dense rows.
-    pub fn from_params(p: &GemmParams) -> Self {
-        BlasLtGemm { params: p.clone(), x_row_stride: p.k, w_row_stride: p.k }
-    }
-
-    /// Whether cuBLASLt takes this combination (the reasons if not).
-    pub fn supports(&self) -> Result<()> {
-        let mut r = Reasons::new();
-        let p = &self.params;
-        let dts = (p.x_dtype, p.w_dtype, p.out_dtype);
-        r.require(
-            matches!(dts, (DType::BF16, DType::BF16, DType::BF16 | DType::F32) | (DType::F32, DType::F32, DType::F32)),
-            "dtypes",
-            format!("cuBLASLt path takes bf16 x bf16 -> bf16/f32 or f32 x f32 -> f32, not {dts:?}"),
-        );
-        if let Some(b) = p.bias_dtype {
-            r.require(b == p.out_dtype, "params.bias_dtype", format!("{b} bias with {} output: cuBLASLt's bias epilogue takes the output dtype", p.out_dtype));
-        }
-        r.require(self.x_row_stride >= p.k, "x_row_stride", "below K");
-        r.require(self.w_row_stride >= p.k, "w_row_stride", "below K");
-        r.into_result()
-    }
-}
+pub type BlasLtGemm = LtGemm;
 
 /// A matrix operand: a buffer and the byte offset of element (0, 0).
 #[derive(Clone, Copy, Debug)]
@@ -175,8 +146,8 @@ pub struct BlasLtArgs<'a> {
     /// `[M, N]` contiguous.
     pub out: &'a mut CudaBuffer,
     pub out_offset_bytes: usize,
-    /// cuBLASLt scratch (offer [`BLASLT_WORKSPACE_BYTES`]); `None` restricts the choice to
-    /// algorithms that need none.
+    /// cuBLASLt scratch (a plan offers `lt_workspace_bytes` of its shape, at most
+    /// [`BLASLT_WORKSPACE_BYTES`]); `None` restricts the choice to algorithms that need none.
     pub workspace: Option<&'a mut CudaBuffer>,
 }
 
@@ -191,23 +162,6 @@ fn cuda_type(dt: DType) -> sys::cudaDataType {
     match dt {
         DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
         _ => sys::cudaDataType::CUDA_R_32F,
-    }
-}
-
-/// Bytes spanned by `rows` rows of `cols` elements with a row stride (elements).
-fn span(rows: usize, cols: usize, stride: usize, elem: usize) -> Option<usize> {
-    if rows == 0 {
-        return Some(0);
-    }
-    (rows - 1).checked_mul(stride)?.checked_add(cols)?.checked_mul(elem)
-}
-
-/// Largest power of two (≤ 256) dividing the address: what cuBLASLt's alignment filters use.
-fn alignment(ptr: u64) -> u32 {
-    if ptr == 0 {
-        256
-    } else {
-        (1u64 << ptr.trailing_zeros().min(8)) as u32
     }
 }
 
@@ -281,11 +235,12 @@ impl CudaRuntime {
     /// Workspace for `g` on cuBLASLt under the current route, `None` when the dialect kernels
     /// take it (the `Runtime::vendor_gemm_workspace` hook).
     pub(crate) fn blaslt_workspace(&self, g: &BlasLtGemm) -> Option<usize> {
-        let takes = g.supports().is_ok();
+        let takes = g.supports("cuBLASLt").is_ok();
+        let ws = lt_workspace_bytes(&g.params);
         match self.gemm_route() {
             GemmRoute::Kernels => None,
-            GemmRoute::BlasLt => takes.then_some(BLASLT_WORKSPACE_BYTES),
-            GemmRoute::Auto => (takes && self.blaslt().is_ok()).then_some(BLASLT_WORKSPACE_BYTES),
+            GemmRoute::BlasLt => takes.then_some(ws),
+            GemmRoute::Auto => (takes && self.blaslt().is_ok()).then_some(ws),
         }
     }
 
@@ -316,7 +271,7 @@ impl CudaRuntime {
     /// `out = x · Wᵀ (+ bias)` through cuBLASLt, enqueued on `stream` (no allocation, no sync;
     /// the heuristic query on a new shape is host-side only). See the module docs for layouts.
     pub fn gemm_blaslt(&self, g: &BlasLtGemm, args: BlasLtArgs<'_>, stream: &CudaStream) -> Result<()> {
-        g.supports()?;
+        g.supports("cuBLASLt")?;
         let p = &g.params;
         if p.bias_dtype.is_some() != args.bias.is_some() {
             return Err(Error::invalid("bias", "must be given exactly when the GEMM has a bias dtype"));
@@ -416,25 +371,5 @@ impl CudaRuntime {
             )
         }
         .map_err(blas_err("cublasLtMatmul"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn supported_combinations_and_spans() {
-        let g = |x, w, o, b| BlasLtGemm::from_params(&GemmParams { bias_dtype: b, ..GemmParams::new(2, 3, 4, x, w, o) });
-        assert!(g(DType::BF16, DType::BF16, DType::BF16, None).supports().is_ok());
-        assert!(g(DType::BF16, DType::BF16, DType::F32, Some(DType::F32)).supports().is_ok());
-        assert!(g(DType::F32, DType::F32, DType::F32, None).supports().is_ok());
-        assert!(matches!(g(DType::BF16, DType::F32, DType::F32, None).supports(), Err(Error::Unsupported { .. })));
-        assert!(g(DType::BF16, DType::BF16, DType::BF16, Some(DType::F32)).supports().is_err());
-        assert_eq!(span(3, 4, 10, 2), Some((2 * 10 + 4) * 2));
-        assert_eq!(span(0, 4, 10, 2), Some(0));
-        assert_eq!(span(usize::MAX, 4, 10, 2), None);
-        assert_eq!(alignment(0x1000), 256);
-        assert_eq!(alignment(0x1002), 2);
     }
 }

@@ -8,15 +8,16 @@
 //!   passed with `-I` when the NVRTC library was found inside a toolkit root that has one.
 //! - Cache: `$K3_KERNEL_CACHE_DIR` (`off` disables it), default `$XDG_CACHE_HOME/k3-kernels` or
 //!   `~/.cache/k3-kernels`; files `cuda/<file>-<arch>-<key>.cubin`, the key a 128-bit FNV-1a
-//!   hash of the file, every header, the options and the NVRTC version. Writes go through a
-//!   temporary file and a rename, so concurrent processes never read half a cubin.
+//!   hash of the file, every header, the options and the NVRTC version (the cache itself is
+//!   `k3_kernels::jit_cache`, shared with the ROCm backend's hiprtc).
 
 use crate::dylib::{toolkit_roots, Lib, NotFound};
 use crate::kernels::{self, Arch};
+pub use k3_kernels::jit_cache::{CacheOutcome, KernelCache};
 use cudarc::nvrtc::sys;
 use kernel_api::{Error, Result};
 use std::ffi::{c_char, c_int, CString};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 /// NVRTC entry points this module calls (checked before cudarc would resolve them).
@@ -202,24 +203,8 @@ impl Nvrtc {
 
     /// Compiles through the cache: a hit returns the stored cubin.
     pub fn cubin(&self, file: &str, arch: &Arch, cache: &CubinCache) -> Result<(Vec<u8>, CacheOutcome)> {
-        let key = self.cache_key(file, arch);
-        let path = cache.path(file, arch, key);
-        if let Some(p) = &path {
-            if let Ok(bytes) = std::fs::read(p) {
-                if is_cuda_elf(&bytes) {
-                    return Ok((bytes, CacheOutcome::Hit(p.clone())));
-                }
-            }
-        }
-        let cubin = self.compile_cubin(file, arch)?;
-        let outcome = match &path {
-            Some(p) => match store(p, &cubin) {
-                Ok(()) => CacheOutcome::Stored(p.clone()),
-                Err(why) => CacheOutcome::NotStored(why),
-            },
-            None => CacheOutcome::NotStored("cache disabled".into()),
-        };
-        Ok((cubin, outcome))
+        let path = cache.path("cuda", file, &arch.to_string(), &format!("{:032x}", self.cache_key(file, arch)), "cubin");
+        cache.get_or_compile(path, is_cuda_elf, || self.compile_cubin(file, arch))
     }
 
     /// The content key of one compile: file, every header, options and NVRTC version.
@@ -264,60 +249,8 @@ pub fn is_cuda_elf(bytes: &[u8]) -> bool {
     bytes.len() > 20 && bytes[..4] == *b"\x7fELF" && u16::from_le_bytes([bytes[18], bytes[19]]) == 190
 }
 
-/// What happened with the cache on one compile.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CacheOutcome {
-    Hit(PathBuf),
-    Stored(PathBuf),
-    NotStored(String),
-}
-
-/// Where compiled cubins are kept.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CubinCache {
-    dir: Option<PathBuf>,
-}
-
-impl CubinCache {
-    /// `$K3_KERNEL_CACHE_DIR` (`off` disables), else `$XDG_CACHE_HOME/k3-kernels`, else
-    /// `$HOME/.cache/k3-kernels`, else no cache.
-    pub fn from_env() -> Self {
-        let dir = match std::env::var_os("K3_KERNEL_CACHE_DIR").filter(|v| !v.is_empty()) {
-            Some(v) if v == "off" => None,
-            Some(v) => Some(PathBuf::from(v)),
-            None => std::env::var_os("XDG_CACHE_HOME")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache")))
-                .map(|c| c.join("k3-kernels")),
-        };
-        CubinCache { dir }
-    }
-    pub fn at(dir: impl Into<PathBuf>) -> Self {
-        CubinCache { dir: Some(dir.into()) }
-    }
-    pub fn disabled() -> Self {
-        CubinCache { dir: None }
-    }
-    pub fn dir(&self) -> Option<&Path> {
-        self.dir.as_deref()
-    }
-    fn path(&self, file: &str, arch: &Arch, key: u128) -> Option<PathBuf> {
-        let stem: String = file.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-        self.dir.as_ref().map(|d| d.join("cuda").join(format!("{stem}-{arch}-{key:032x}.cubin")))
-    }
-}
-
-fn store(path: &Path, bytes: &[u8]) -> std::result::Result<(), String> {
-    let dir = path.parent().ok_or("cache path has no folder")?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("cannot move {} into place: {e}", tmp.display())
-    })
-}
+/// Where compiled cubins are kept (`k3_kernels::jit_cache`: `$K3_KERNEL_CACHE_DIR/cuda/`).
+pub type CubinCache = KernelCache;
 
 /// FNV-1a, 128 bit: a stable content hash (std's hashers are not stable across releases).
 struct Fnv128(u128);
@@ -357,9 +290,7 @@ mod tests {
     }
 
     #[test]
-    fn cache_dir_from_env_and_elf_check() {
-        assert_eq!(CubinCache::at("some/cache").dir(), Some(Path::new("some/cache")));
-        assert_eq!(CubinCache::disabled().dir(), None);
+    fn elf_check() {
         let mut elf = vec![0u8; 64];
         elf[..4].copy_from_slice(b"\x7fELF");
         elf[18] = 190;

@@ -321,7 +321,7 @@ fn gemm_conformance_on_both_routes() {
             }
         }
         rt.set_gemm_route(route);
-        let want_ws = if route == GemmRoute::BlasLt { k3_backend_cuda::BLASLT_WORKSPACE_BYTES } else { 0 };
+        let want_ws = if route == GemmRoute::BlasLt { k3_kernels::vendor_gemm::lt_workspace_bytes(&plan.params) } else { 0 };
         assert_eq!(Gemm::workspace_size(&b, &plan), want_ws, "{route:?}");
         for (_, name, test) in &tests {
             println!("{route:?}: {name}");

@@ -68,3 +68,28 @@ pub fn write_image_table(path: &Path, outcomes: &[ArchOutcome], extra: &[Artifac
     }
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
+
+/// Writes a Rust file for `include!` with `SOURCES`: every kernel source and header under
+/// `csrc` as `(path relative to csrc, include_str!(absolute path))`, for backends that compile
+/// the sources at run time (NVRTC, hiprtc) without the source tree. Every file and folder is
+/// watched with `cargo::rerun-if-changed`; the file is rewritten only when its text changes.
+pub fn write_sources_table(env: &BuildEnv, csrc: &Path, path: &Path) -> Result<(), String> {
+    let exts: Vec<&str> = ["cu"].into_iter().chain(crate::sources::HEADER_EXTS.iter().copied()).collect();
+    let files = crate::sources::find_files(csrc, &exts, &[])?;
+    let mut text = String::from("/// Every file under kernels/csrc: (path relative to csrc, contents).\n");
+    text.push_str("pub static SOURCES: &[(&str, &str)] = &[\n");
+    for dir in crate::sources::dirs_under(csrc) {
+        env.rerun_if_changed(&dir); // an added file re-runs the script
+    }
+    for f in &files {
+        env.rerun_if_changed(f);
+        let rel = f.strip_prefix(csrc).map_err(|e| e.to_string())?.to_string_lossy().replace('\\', "/");
+        let abs = f.to_str().ok_or_else(|| format!("{} is not UTF-8", f.display()))?;
+        let _ = writeln!(text, "    ({rel:?}, include_str!({abs:?})),");
+    }
+    text.push_str("];\n");
+    if std::fs::read_to_string(path).ok().as_deref() == Some(text.as_str()) {
+        return Ok(());
+    }
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}

@@ -47,7 +47,7 @@ pub use compile::{
     ArtifactKind, Failure, Platform, Skip,
 };
 pub use config::Config;
-pub use embed::{declare_cfgs, emit_cfg_if_any, write_image_table, CFG_CUDA_KERNELS, CFG_HIP_KERNELS};
+pub use embed::{declare_cfgs, emit_cfg_if_any, write_image_table, write_sources_table, CFG_CUDA_KERNELS, CFG_HIP_KERNELS};
 pub use env::BuildEnv;
 pub use sources::kernel_sources;
 pub use toolchain::{find_hip_clang, find_nvcc, ClangKind, HipClang, NotFound, Nvcc};

@@ -6,17 +6,22 @@
 //!   test kernels.
 //! - [`runtime`]: the [`Runtime`] trait every GPU-ish backend implements (memory, copies,
 //!   modules, launches by kernel name with cuLaunchKernel-style parameters, streams, events,
-//!   and an optional vendor-BLAS hook for the dense GEMM: cuBLASLt on CUDA). Op launchers are
+//!   and an optional vendor-BLAS hook for the dense GEMM: cuBLASLt on CUDA, hipBLASLt on ROCm;
+//!   [`vendor_gemm`] holds what both hooks share). Op launchers are
 //!   written once against it and shared by CUDA, ROCm and SIMT.
 //! - [`recording`]: a [`Runtime`] that runs nothing and records every launch, for reading the
 //!   launch configurations of any op at any shape without a GPU.
 //!
+//! - [`jit_cache`]: the on-disk cache of kernels compiled at run time (NVRTC, hiprtc).
+//!
 //! This crate depends on no toolkit: backends compile or load the sources themselves.
 
 pub mod gpu_backend;
+pub mod jit_cache;
 mod ops;
 pub mod recording;
 pub mod runtime;
+pub mod vendor_gemm;
 
 pub use gpu_backend::{dtype_code, GpuBackend};
 pub use recording::{RecordedLaunch, RecordingRuntime};

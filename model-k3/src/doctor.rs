@@ -138,7 +138,7 @@ fn backend_statuses() -> Vec<BackendStatus> {
         simt_status("simt32", 32),
         simt_status("simt64", 64),
         cuda_status(),
-        BackendStatus { name: "rocm", available: false, reason: "no ROCm backend exists in this build yet".into() },
+        rocm_status(),
     ]
 }
 
@@ -169,6 +169,25 @@ fn cuda_status() -> BackendStatus {
     #[cfg(not(feature = "cuda"))]
     let (available, reason) = (false, "built without the `cuda` feature".to_string());
     BackendStatus { name: "cuda", available, reason }
+}
+
+/// The ROCm runtime's probe (never panics: a missing runtime or device is a reason). When a
+/// device answers, the reason names the library, the target ID, where kernels and dense GEMMs
+/// come from (and why the dialect's kernels when hipBLASLt is not used), and the fp8 KV-cache
+/// default.
+fn rocm_status() -> BackendStatus {
+    #[cfg(feature = "rocm")]
+    let (available, reason) = match k3_backend_rocm::RocmRuntime::new(0) {
+        Ok(rt) => {
+            let kv = crate::kv_default::resolve_kv_cache_dtype("fp8", rt.info()).map(|f| f.name()).unwrap_or("?");
+            (true, format!("HIP device {}; dense GEMM: {}; fp8 KV cache default: {kv}", rt.summary(), rt.gemm_route_summary()))
+        }
+        Err(kernel_api::Error::Unavailable { why }) => (false, why),
+        Err(e) => (false, e.to_string()),
+    };
+    #[cfg(not(feature = "rocm"))]
+    let (available, reason) = (false, "built without the `rocm` feature".to_string());
+    BackendStatus { name: "rocm", available, reason }
 }
 
 fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
@@ -208,6 +227,16 @@ pub fn run_doctor(backend: &str) -> DoctorReport {
             || k3_backend_cuda::cuda_backend(0).map_err(|e| e.to_string()),
             || {
                 k3_backend_cuda::CudaRuntime::new(0)
+                    .map(|rt| format!("op kernels loaded from {}", rt.kernel_availability()))
+                    .map_err(|e| e.to_string())
+            },
+        ),
+        #[cfg(feature = "rocm")]
+        "rocm" => staged_checks(
+            &mut r,
+            || k3_backend_rocm::rocm_backend(0).map_err(|e| e.to_string()),
+            || {
+                k3_backend_rocm::RocmRuntime::new(0)
                     .map(|rt| format!("op kernels loaded from {}", rt.kernel_availability()))
                     .map_err(|e| e.to_string())
             },

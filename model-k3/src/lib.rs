@@ -7,6 +7,7 @@
 //! - [`tiny`]: the deterministic tiny checkpoint generator; [`tiny_folder`]: its atomic,
 //!   lock-serialised folder and the complete / half-made check;
 //! - [`plan`]: `k3 plan`, the speed-of-light floors of a K3 decode step and prefill per GPU;
+//! - [`kv_default`]: the fp8 KV-cache flavour a device computes with, and scale conversion;
 //! - [`op_cli`]: `k3 op`, one op on tensors from a safetensors file (reproduction packages);
 //! - [`limits`]: the caps on every size taken from a file or a flag; [`files`]: regular-file
 //!   readers and replace-by-rename writers; [`st_header`]: precise safetensors header errors.
@@ -21,6 +22,7 @@ pub mod files;
 pub mod finite;
 pub mod inspect;
 pub mod inventory;
+pub mod kv_default;
 pub mod limits;
 pub mod model;
 pub mod op_cli;

@@ -1,7 +1,7 @@
 //! `k3-device-bench`: the K3 hot ops at production per-GPU shapes, timed with device events.
 //!
 //! ```text
-//! k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE]
+//! k3-device-bench --backend cuda|rocm|simt32|simt64 [--smoke] [--json FILE | --out FILE]
 //!                 [--warmup N] [--iters N] [--copy-gbs GB/S] [--hardware PART]
 //! k3-device-bench --table FILE [--hardware PART]     # the table of a report, floors recomputed
 //! ```
@@ -13,7 +13,9 @@
 //! align, MXFP4 grouped GEMMs gate-up and down, combine; 896 experts, top 16, latent 3584, expert
 //! width 384 = 3072 / TP8) at 1, 64 and 1024 tokens, per stage and in total; the bf16 dense GEMM
 //! of the latent down/up projections and the per-GPU KDA projections at 1, 64 and 1024 tokens,
-//! once per GEMM route of the backend (CUDA: cuBLASLt and the dialect's kernel). `--smoke` scales
+//! once per GEMM route of the backend (CUDA: cuBLASLt and the dialect's kernel; ROCm: hipBLASLt
+//! and the dialect's kernel). The MLA fp8 cache is tiled in the device's own flavour (e4m3fnuz on
+//! gfx942). `--smoke` scales
 //! every shape down (heads 2, context 64, 8 experts) so the SIMT emulator finishes in seconds.
 //!
 //! Timing: `warmup` untimed runs, then `iters` runs each bracketed by two events on the default
@@ -27,7 +29,7 @@
 //! from the device name, or `--hardware`) and `pct_floor` = floor / time (100 = speed of light).
 //!
 //! Bandwidth reference: `--copy-gbs` (bytes copied per second, as `copy_bandwidth` prints
-//! `d2d_copy_gbs`), else measured here by a D2D copy (`Runtime::copy_d2d`, 1 GiB on CUDA). A row's
+//! `d2d_copy_gbs`), else measured here by a D2D copy (`Runtime::copy_d2d`, 1 GiB on a GPU). A row's
 //! `pct_copy` is its `gbs` over the copy's traffic rate (2 × bytes copied per second, since a copy
 //! reads and writes every byte).
 //!
@@ -61,7 +63,7 @@ struct Opts {
 }
 
 fn usage() -> String {
-    "usage: k3-device-bench --backend cuda|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S] [--hardware PART]\n       k3-device-bench --table FILE [--hardware PART]".into()
+    "usage: k3-device-bench --backend cuda|rocm|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S] [--hardware PART]\n       k3-device-bench --table FILE [--hardware PART]".into()
 }
 
 fn parse_args() -> std::result::Result<Opts, String> {
@@ -112,7 +114,8 @@ fn main() {
             k3_backend_simt::simt_backend(warp).and_then(|b| bench(&b, &o, &[("kernels", &|| ())]))
         }
         "cuda" => cuda(&o),
-        other => Err(Error::invalid("--backend", format!("{other} (expected cuda, simt32 or simt64)"))),
+        "rocm" => rocm(&o),
+        other => Err(Error::invalid("--backend", format!("{other} (expected cuda, rocm, simt32 or simt64)"))),
     };
     if let Err(e) = res {
         eprintln!("k3-device-bench: {e}");
@@ -136,6 +139,24 @@ fn cuda(o: &Opts) -> Result<()> {
 #[cfg(not(feature = "cuda"))]
 fn cuda(_: &Opts) -> Result<()> {
     Err(Error::invalid("--backend", "cuda: this binary was built without the `cuda` feature of k3-benches"))
+}
+
+#[cfg(feature = "rocm")]
+fn rocm(o: &Opts) -> Result<()> {
+    use k3_backend_rocm::GemmRoute;
+    let b = k3_backend_rocm::rocm_backend(0)?;
+    let rt = b.runtime();
+    let initial = rt.gemm_route();
+    let routes: [(&str, &dyn Fn()); 2] =
+        [("hipblaslt", &|| rt.set_gemm_route(GemmRoute::HipBlasLt)), ("kernels", &|| rt.set_gemm_route(GemmRoute::Kernels))];
+    let res = bench(&b, o, &routes);
+    rt.set_gemm_route(initial);
+    res
+}
+
+#[cfg(not(feature = "rocm"))]
+fn rocm(_: &Opts) -> Result<()> {
+    Err(Error::invalid("--backend", "rocm: this binary was built without the `rocm` feature of k3-benches"))
 }
 
 type Dev<R> = DeviceTensor<GpuBackend<R>>;
@@ -532,9 +553,14 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
             let r = kda_decode(&mut c, h, sh.kda_dim, bt);
             note(&c, format!("kda_decode h={h} b={bt}"), r);
         }
+        // The device's own fp8 flavour: e4m3fnuz on gfx942, e4m3fn elsewhere.
+        let (fp8, fp8_name) = match b.device_info().fp8 {
+            kernel_api::Fp8Native::Fnuz => (Fp8Flavor::E4M3Fnuz, "fp8 e4m3fnuz tiled cache"),
+            _ => (Fp8Flavor::E4M3Fn, "fp8 e4m3 tiled cache"),
+        };
         for &ctx in &sh.mla_ctx {
             for &bt in &sh.mla_batch {
-                for (f, name) in [(KvCacheFormat::Bf16, "bf16 cache"), (KvCacheFormat::Fp8Tiled(Fp8Flavor::E4M3Fn), "fp8 e4m3 tiled cache")] {
+                for (f, name) in [(KvCacheFormat::Bf16, "bf16 cache"), (KvCacheFormat::Fp8Tiled(fp8), fp8_name)] {
                     let r = mla_decode(&mut c, h, bt, ctx, f, name);
                     note(&c, format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), r);
                 }

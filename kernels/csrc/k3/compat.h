@@ -60,6 +60,13 @@ typedef signed char int8_t;
 typedef short int16_t;
 typedef int int32_t;
 typedef long int64_t;
+#elif defined(__HIPCC_RTC__)
+// hiprtc predefines the 32- and 64-bit types itself (int64_t as long long, which a host
+// <stdint.h> would contradict); the narrower ones are the same types everywhere.
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef signed char int8_t;
+typedef short int16_t;
 #elif !K3_TARGET_SIMT
 #include <stdint.h>
 #endif

@@ -1,5 +1,5 @@
 //! Dense GEMM launcher. The runtime's vendor BLAS first, when it takes the params
-//! ([`Runtime::vendor_gemm_workspace`]: cuBLASLt on CUDA); else, or when the vendor library has
+//! ([`Runtime::vendor_gemm_workspace`]: cuBLASLt on CUDA, hipBLASLt on ROCm); else, or when the vendor library has
 //! no algorithm for the operands' strides and alignments, the dialect's kernels in
 //! `csrc/ops/dense_gemm.cu`: the bf16 MMA kernel when x and W are both bf16, the f32 FMA kernel
 //! otherwise (an f32 operand is never rounded to bf16: the spec decodes inputs exactly).
@@ -48,7 +48,12 @@ impl<R: Runtime> Gemm for GpuBackend<R> {
         to_i32("params.m", p.m)?;
         to_i32("params.n", p.n)?;
         to_i32("params.k", p.k)?;
-        grid(p)?;
+        // The kernels' grid bounds M only when they will run it: a vendor library takes any M.
+        // (If that library then has no algorithm for the operands, `run` falls back to the
+        // kernels and reports the grid limit there.)
+        if self.runtime().vendor_gemm_workspace(p).is_none() {
+            grid(p)?;
+        }
         Ok(())
     }
 

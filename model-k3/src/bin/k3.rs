@@ -2,10 +2,11 @@
 
 use clap::{Parser, Subcommand};
 use kernel_api::cpu::CpuBackend;
-use kernel_api::ops::KvCacheFormat;
+use kernel_api::Backend;
 use model_k3::doctor;
 use model_k3::exec::ModelBackend;
 use model_k3::inspect::inspect_dir;
+use model_k3::kv_default::resolve_kv_cache_dtype;
 use model_k3::model::ModelOptions;
 use model_k3::op_cli::run_op_files;
 use model_k3::checkpoint::read_config;
@@ -41,9 +42,15 @@ macro_rules! with_backend {
                 Ok($b) => $body,
                 Err(e) => fail(e),
             },
+            #[cfg(feature = "rocm")]
+            "rocm" => match k3_backend_rocm::rocm_backend(0) {
+                Ok($b) => $body,
+                Err(e) => fail(e),
+            },
             other => fail(format!(
-                "backend `{other}` is not available in this build (available: cpu, simt32, simt64{})",
-                if cfg!(feature = "cuda") { ", cuda" } else { "; cuda needs `--features cuda`" }
+                "backend `{other}` is not available in this build (available: cpu, simt32, simt64{}{})",
+                if cfg!(feature = "cuda") { ", cuda" } else { "; cuda needs `--features cuda`" },
+                if cfg!(feature = "rocm") { ", rocm" } else { "; rocm needs `--features rocm`" }
             )),
         }
     };
@@ -51,7 +58,7 @@ macro_rules! with_backend {
 
 #[derive(clap::Args, Clone)]
 struct BackendArg {
-    /// Backend to run on (`cpu`, `simt32`, `simt64`, `cuda` with the `cuda` feature); defaults to $K3_BACKEND, else `cpu`.
+    /// Backend to run on (`cpu`, `simt32`, `simt64`, `cuda` / `rocm` with those features); defaults to $K3_BACKEND, else `cpu`.
     #[arg(long)]
     backend: Option<String>,
 }
@@ -83,7 +90,8 @@ enum Cmd {
         prompt_ids: Vec<u32>,
         #[arg(long, default_value_t = 8)]
         max_new_tokens: usize,
-        /// bf16, fp8-e4m3fn, fp8-e4m3fnuz, fp8-tiled-e4m3fn, fp8-tiled-e4m3fnuz.
+        /// bf16, fp8-e4m3fn, fp8-e4m3fnuz, fp8-tiled-e4m3fn, fp8-tiled-e4m3fnuz, or fp8 / fp8-tiled
+        /// for the backend's own fp8 flavour (e4m3fnuz on gfx942, e4m3fn elsewhere).
         #[arg(long, default_value = "bf16")]
         kv_cache_dtype: String,
         /// Per-tensor scale of a flat fp8 cache.
@@ -165,16 +173,18 @@ fn main() -> ExitCode {
         },
         Cmd::Demo { model, max_new_tokens, backend } => with_backend!(backend.name().as_str(), |b| demo(&model, max_new_tokens, b)),
         Cmd::Run { model, prompt_ids, max_new_tokens, kv_cache_dtype, kv_scale, chunk, logits_out, backend } => {
-            let fmt = match KvCacheFormat::parse(&kv_cache_dtype) {
-                Ok(f) => f,
-                Err(e) => return fail(e),
-            };
             let tokens = read_config(&model).and_then(|cfg| check_run_request(&cfg, &prompt_ids, max_new_tokens, chunk, kv_scale, logits_out.as_deref()));
             let opts = match tokens {
-                Ok(tokens) => ModelOptions { kv_format: fmt, kv_scale, ..run_options(tokens) },
+                Ok(tokens) => ModelOptions { kv_scale, ..run_options(tokens) },
                 Err(e) => return fail(e),
             };
-            with_backend!(backend.name().as_str(), |b| run(&model, &prompt_ids, max_new_tokens, chunk, opts, logits_out.as_deref(), b))
+            with_backend!(backend.name().as_str(), |b| {
+                // `fp8` / `fp8-tiled` take the backend's own flavour.
+                match resolve_kv_cache_dtype(&kv_cache_dtype, b.device_info()) {
+                    Ok(kv_format) => run(&model, &prompt_ids, max_new_tokens, chunk, ModelOptions { kv_format, ..opts }, logits_out.as_deref(), b),
+                    Err(e) => fail(e),
+                }
+            })
         }
         Cmd::Op { name, inputs, params, outputs, backend } => with_backend!(backend.name().as_str(), |b| {
             match run_op_files(&b, &name, &inputs, params.as_deref(), &outputs) {

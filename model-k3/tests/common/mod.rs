@@ -1,8 +1,11 @@
-//! Helpers of the hardening tests: temporary folders, the tiny checkpoint and edits of it, and
-//! the `k3` binary run as a child process under a memory cap and a timeout (so a hang, a signal
-//! or unbounded memory is a test failure, not a stuck CI job).
+//! Helpers shared by the model-k3 integration tests: one decode step for the graph-capture tests
+//! (`decode_step`); for the hardening tests, temporary folders, the tiny checkpoint and edits of
+//! it, and the `k3` binary run as a child process under a memory cap and a timeout (so a hang, a
+//! signal or unbounded memory is a test failure, not a stuck CI job), and the bad-input
+//! generators (`mutate`, `requests`).
 #![allow(dead_code)]
 
+pub mod decode_step;
 pub mod mutate;
 pub mod requests;
 
