@@ -14,5 +14,5 @@ pub type CudaBackend = GpuBackend<CudaRuntime>;
 pub fn cuda_backend(ordinal: usize) -> Result<CudaBackend> {
     let rt = CudaRuntime::new(ordinal)?;
     let ops = rt.kernels(KernelSet::Ops)?;
-    Ok(GpuBackend::from_module(rt, ops, "cuda"))
+    GpuBackend::from_module(rt, ops, "cuda")
 }

@@ -595,6 +595,10 @@ impl Runtime for CudaRuntime {
         &self.stream
     }
 
+    fn stream_key(&self, stream: &CudaStream) -> u64 {
+        stream.cu_stream() as u64
+    }
+
     fn create_stream(&self) -> Result<CudaStream> {
         CudaStream::new(&self.ctx)
     }

@@ -14,5 +14,5 @@ pub type RocmBackend = GpuBackend<RocmRuntime>;
 pub fn rocm_backend(ordinal: usize) -> Result<RocmBackend> {
     let rt = RocmRuntime::new(ordinal)?;
     let ops = rt.kernels(KernelSet::Ops)?;
-    Ok(GpuBackend::from_module(rt, ops, "rocm"))
+    GpuBackend::from_module(rt, ops, "rocm")
 }

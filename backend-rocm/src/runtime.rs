@@ -685,6 +685,10 @@ impl Runtime for RocmRuntime {
         &self.stream
     }
 
+    fn stream_key(&self, stream: &RocmStream) -> u64 {
+        stream.raw() as u64
+    }
+
     fn create_stream(&self) -> Result<RocmStream> {
         RocmStream::new(&self.dev)
     }

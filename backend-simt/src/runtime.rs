@@ -528,6 +528,9 @@ impl Runtime for SimtRuntime {
     fn default_stream(&self) -> &SimtStream {
         &self.stream
     }
+    fn stream_key(&self, stream: &SimtStream) -> u64 {
+        stream.id
+    }
     fn create_stream(&self) -> Result<SimtStream> {
         Ok(SimtStream { id: self.next_stream.fetch_add(1, Ordering::Relaxed) })
     }

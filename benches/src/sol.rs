@@ -86,8 +86,10 @@ pub fn table(report: &Value, hw: Option<&Hardware>) -> String {
             _ => r.clone(),
         };
         let num = |v: &Value, w: usize, p: usize| v.as_f64().map_or(format!("{:>w$}", "-"), |x| format!("{x:>w$.p$}"));
+        // Rows timed with the kernels' device-metadata checks off (`--device-checks`) say so.
+        let checks = if r["device_checks"] == "off" { " (device checks off)" } else { "" };
         out += &format!(
-            "{:<17} {:>10.2} {} {} {} {} {} {:>8}  {} / {}\n",
+            "{:<17} {:>10.2} {} {} {} {} {} {:>8}  {} / {}{}\n",
             r["op"].as_str().unwrap_or("?"),
             us,
             num(&r["tflops"], 9, 3),
@@ -98,6 +100,7 @@ pub fn table(report: &Value, hw: Option<&Hardware>) -> String {
             floor["bound"].as_str().unwrap_or("-"),
             r["shape"].as_str().unwrap_or(""),
             r["dtype"].as_str().unwrap_or(""),
+            checks,
         );
     }
     out

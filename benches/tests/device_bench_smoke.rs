@@ -1,6 +1,7 @@
-//! Runs `k3-device-bench --backend simt32 --smoke --hardware h200` and checks its JSON report: the
-//! schema of the gpu-check hook (`rows` of {op, shape, dtype, us, tflops, gbs, ..., floor_us,
-//! pct_floor}) with rows for every op family, and the `--table` view of that report.
+//! Runs `k3-device-bench --backend simt32 --smoke --hardware h200 --device-checks both` and checks
+//! its JSON report: the schema of the gpu-check hook (`rows` of {op, shape, dtype, us, tflops,
+//! gbs, ..., floor_us, pct_floor}) with rows for every op family, the ones whose kernels check
+//! device metadata as on/off pairs, and the `--table` view of that report.
 
 use serde_json::Value;
 use std::process::Command;
@@ -9,7 +10,7 @@ use std::process::Command;
 fn smoke_run_on_simt32_reports_every_op_family() {
     let out = std::env::temp_dir().join(format!("k3-device-bench-smoke-{}.json", std::process::id()));
     let run = Command::new(env!("CARGO_BIN_EXE_k3-device-bench"))
-        .args(["--backend", "simt32", "--smoke", "--hardware", "h200", "--out"])
+        .args(["--backend", "simt32", "--smoke", "--hardware", "h200", "--device-checks", "both", "--out"])
         .arg(&out)
         .output()
         .expect("start k3-device-bench");
@@ -42,18 +43,25 @@ fn smoke_run_on_simt32_reports_every_op_family() {
         assert!(matches!(r["bound"].as_str(), Some("memory" | "compute")), "bound in {r}");
     }
     assert_eq!(report["hardware"]["id"], "h200");
-    let count = |op: &str, dtype_has: &str| {
-        rows.iter().filter(|r| r["op"] == op && r["dtype"].as_str().is_some_and(|d| d.contains(dtype_has))).count()
+    let count_with = |op: &str, dtype_has: &str, checks: &str| {
+        rows.iter()
+            .filter(|r| r["op"] == op && r["dtype"].as_str().is_some_and(|d| d.contains(dtype_has)) && r["device_checks"] == checks)
+            .count()
     };
     // Smoke shapes: 1 head count; 2 prefill batches, 2 decode batches, 2 MLA batches x 1 context
-    // per cache format, 2 MoE token counts, 2 GEMM shapes x 2 token counts x 1 route.
-    assert_eq!(count("kda_prefill", ""), 2);
-    assert_eq!(count("kda_decode", ""), 2);
-    assert_eq!(count("mla_decode", "bf16 cache"), 2);
-    assert_eq!(count("mla_decode", "fp8"), 2);
-    for op in ["moe_router", "moe_align", "moe_gemm_gate_up", "moe_gemm_down", "moe_combine", "moe"] {
-        assert_eq!(count(op, ""), 2, "{op}");
+    // per cache format, 2 MoE token counts (each with checks on and off), 2 GEMM shapes x 2
+    // token counts x 1 route (checks on).
+    for checks in ["on", "off"] {
+        let count = |op: &str, dtype_has: &str| count_with(op, dtype_has, checks);
+        assert_eq!(count("kda_prefill", ""), 2, "checks {checks}");
+        assert_eq!(count("kda_decode", ""), 2, "checks {checks}");
+        assert_eq!(count("mla_decode", "bf16 cache"), 2, "checks {checks}");
+        assert_eq!(count("mla_decode", "fp8"), 2, "checks {checks}");
+        for op in ["moe_router", "moe_align", "moe_gemm_gate_up", "moe_gemm_down", "moe_combine", "moe"] {
+            assert_eq!(count(op, ""), 2, "{op}, checks {checks}");
+        }
     }
-    assert_eq!(count("dense_gemm", "bf16"), 4);
+    assert_eq!(count_with("dense_gemm", "bf16", "on"), 4);
+    assert_eq!(count_with("dense_gemm", "bf16", "off"), 0);
     assert!(stdout.contains("mla_decode") && stdout.contains("moe_gemm_down"), "table on stdout:\n{stdout}");
 }

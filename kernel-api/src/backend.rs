@@ -61,9 +61,14 @@ pub trait Backend: Send + Sync {
     /// A zero-filled allocation of `bytes` bytes.
     fn alloc_zeroed(&self, bytes: usize) -> Result<Self::Buffer>;
     fn upload(&self, bytes: &[u8]) -> Result<Self::Buffer>;
-    /// Copies the whole buffer to `out` (same length) after all queued work has finished.
+    /// Copies the whole buffer to `out` (same length) after all queued work has finished. Like
+    /// `synchronize`, returns a bad-device-metadata error a kernel of any stream recorded (see
+    /// [`crate::ops`], device metadata).
     fn download(&self, buf: &Self::Buffer, out: &mut [u8]) -> Result<()>;
     fn buffer_len(&self, buf: &Self::Buffer) -> usize;
+    /// Waits for the work queued on `stream`. On GPU backends this is where a kernel's report of
+    /// bad device metadata (an index out of its bounds) becomes an [`crate::Error::InvalidInput`]
+    /// naming the tensor, once (see [`crate::ops`], device metadata).
     fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
 }
 

@@ -2,9 +2,11 @@
 //! "what to launch, with which grid and arguments" is written once; CUDA, ROCm and the SIMT
 //! emulator only supply the runtime (memory, modules, launches).
 
+use crate::device_checks::{CheckRecords, DeviceChecks};
 use crate::runtime::{DevicePtr, KernelArg, KernelArgs, LaunchConfig, ModuleImage, Runtime};
 use kernel_api::{Backend, DType, DeviceInfo, Error, Layout, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// The contract's backend over a kernel runtime.
@@ -13,6 +15,10 @@ pub struct GpuBackend<R: Runtime> {
     module: R::Module,
     name: String,
     kernels: Mutex<HashMap<String, R::Kernel>>,
+    /// The per-stream device error records.
+    checks: CheckRecords<R::Buffer>,
+    /// Whether launches pass their stream's record ([`DeviceChecks::On`]) or a null pointer.
+    checks_on: AtomicBool,
 }
 
 impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
@@ -23,16 +29,48 @@ impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
 
 impl<R: Runtime> GpuBackend<R> {
     /// Loads the op kernels from `image` (a fatbin, code object or the emulator's host-linked
-    /// module) and names the backend (`cuda`, `rocm`, `simt32`, ...).
+    /// module) and names the backend (`cuda`, `rocm`, `simt32`, ...). Device checks follow
+    /// `K3_DEVICE_CHECKS` (on unless it says `off`).
     pub fn new(rt: R, image: &ModuleImage<'_>, name: impl Into<String>) -> Result<Self> {
         let module = rt.load_module(image)?;
-        Ok(Self::from_module(rt, module, name))
+        Self::from_module(rt, module, name)
     }
 
     /// Wraps a module the runtime has already loaded (e.g. one CUDA module per kernel file,
-    /// JIT-compiled or from an embedded fatbin).
-    pub fn from_module(rt: R, module: R::Module, name: impl Into<String>) -> Self {
-        GpuBackend { rt, module, name: name.into(), kernels: Mutex::new(HashMap::new()) }
+    /// JIT-compiled or from an embedded fatbin). Allocates the backend's device error records
+    /// (4 KiB); device checks start as `K3_DEVICE_CHECKS` says (on unless it says `off`).
+    pub fn from_module(rt: R, module: R::Module, name: impl Into<String>) -> Result<Self> {
+        let mode = DeviceChecks::from_env()?;
+        let checks = CheckRecords::new(&rt)?;
+        let b = GpuBackend { rt, module, name: name.into(), kernels: Mutex::new(HashMap::new()), checks, checks_on: AtomicBool::new(true) };
+        b.set_device_checks(mode);
+        Ok(b)
+    }
+
+    /// Switches the kernels' index checks on or off for later launches (see
+    /// [`crate::device_checks`]); violations already recorded are still reported.
+    pub fn set_device_checks(&self, mode: DeviceChecks) {
+        self.checks_on.store(mode == DeviceChecks::On, Ordering::Relaxed);
+    }
+
+    pub fn device_checks(&self) -> DeviceChecks {
+        if self.checks_on.load(Ordering::Relaxed) {
+            DeviceChecks::On
+        } else {
+            DeviceChecks::Off
+        }
+    }
+
+    /// Pushes the device error record of `stream` (a null pointer with checks off): the last
+    /// argument of every kernel that reads index data from device memory (`k3::ErrorRecord*`,
+    /// `csrc/k3/checks.h`).
+    pub fn push_checks(&self, args: &mut KernelArgs, stream: &R::Stream) -> Result<()> {
+        let ptr = match self.device_checks() {
+            DeviceChecks::On => self.checks.record_for(self.rt.stream_key(stream))?,
+            DeviceChecks::Off => DevicePtr(0),
+        };
+        args.push(ptr);
+        Ok(())
     }
 
     pub fn runtime(&self) -> &R {
@@ -154,6 +192,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             return Err(Error::invalid("out", format!("{} bytes for a {}-byte buffer", out.len(), self.rt.buffer_len(buf))));
         }
         self.rt.synchronize()?;
+        self.checks.take_all(&self.rt, self.rt.default_stream())?;
         self.rt.copy_d2h(buf, 0, out, self.rt.default_stream())?;
         self.rt.synchronize_stream(self.rt.default_stream())
     }
@@ -161,6 +200,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.rt.buffer_len(buf)
     }
     fn synchronize(&self, stream: &R::Stream) -> Result<()> {
-        self.rt.synchronize_stream(stream)
+        self.rt.synchronize_stream(stream)?;
+        self.checks.take(&self.rt, self.rt.stream_key(stream), stream)
     }
 }

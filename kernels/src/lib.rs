@@ -9,6 +9,9 @@
 //!   and an optional vendor-BLAS hook for the dense GEMM: cuBLASLt on CUDA, hipBLASLt on ROCm;
 //!   [`vendor_gemm`] holds what both hooks share). Op launchers are
 //!   written once against it and shared by CUDA, ROCm and SIMT.
+//! - [`device_checks`]: checked launches. Kernels bound-check the index data they read from
+//!   device memory and record the first violation per stream; the backend reports it as a typed
+//!   error at the next synchronising call (`K3_DEVICE_CHECKS=off` opts out).
 //! - [`recording`]: a [`Runtime`] that runs nothing and records every launch, for reading the
 //!   launch configurations of any op at any shape without a GPU.
 //!
@@ -16,6 +19,7 @@
 //!
 //! This crate depends on no toolkit: backends compile or load the sources themselves.
 
+pub mod device_checks;
 pub mod gpu_backend;
 pub mod jit_cache;
 mod ops;
@@ -23,6 +27,7 @@ pub mod recording;
 pub mod runtime;
 pub mod vendor_gemm;
 
+pub use device_checks::{DeviceChecks, DeviceViolation};
 pub use gpu_backend::{dtype_code, GpuBackend};
 pub use recording::{RecordedLaunch, RecordingRuntime};
 pub use runtime::{

@@ -291,6 +291,13 @@ pub trait Runtime: Send + Sync {
 
     /// The stream used when a caller names none.
     fn default_stream(&self) -> &Self::Stream;
+    /// A number that tells this runtime's live streams apart (the CUDA stream handle, the
+    /// emulator's stream id): it keys each stream's device error record
+    /// ([`crate::device_checks`]). The default gives every stream the same key, so they share
+    /// one record.
+    fn stream_key(&self, _stream: &Self::Stream) -> u64 {
+        0
+    }
     fn create_stream(&self) -> Result<Self::Stream>;
     /// Waits for all work queued on `stream`.
     fn synchronize_stream(&self, stream: &Self::Stream) -> Result<()>;

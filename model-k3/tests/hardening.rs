@@ -481,3 +481,38 @@ fn finite_check_cost() {
     let fused = time(&|| std::hint::black_box(model_k3::finite::copy_checked(enc, &big).unwrap()).len());
     println!("256 MiB bf16 copy: plain {:.1} ms ({:.2} GB/s), checked {:.1} ms ({:+.0}%)", plain * 1e3, big.len() as f64 / plain / 1e9, fused * 1e3, 100.0 * (fused / plain - 1.0));
 }
+
+/// A device copy of the batch metadata the plan never saw (`k3 op` takes the device tensor from
+/// the inputs file and the host copy from the params): the CPU backend finds it in `run`, the
+/// emulator's kernels at the next synchronising call (the device checks). `k3 op` exits 2 naming
+/// the tensor and writes no outputs file.
+#[test]
+fn device_metadata_errors_surface_in_k3_op() {
+    use kernel_api::{DType, HostTensor};
+    let d = tmp("device-metadata");
+    let mut r = kernel_api::conformance::TestRng::new(3);
+    let (latent, rope, heads) = (8, 4, 3);
+    let q = HostTensor::from_f32(DType::F32, &[2, 1, heads, latent + rope], &r.normals(2 * heads * (latent + rope), 1.0)).unwrap();
+    let cache = HostTensor::from_f32(DType::BF16, &[8, 1, latent + rope], &r.normals(8 * (latent + rope), 1.0)).unwrap();
+    let table = HostTensor::from_i32(&[2, 5], &[4, 1, 2, 0, 100_000, 7, 3, 5, -1, -1]).unwrap();
+    let lens = HostTensor::from_i32(&[2], &[5, 3]).unwrap();
+    let st = |t: &HostTensor| match t.dtype {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::BF16 => safetensors::Dtype::BF16,
+        _ => safetensors::Dtype::I32,
+    };
+    let tensors = [("q", &q), ("kv_cache", &cache), ("block_table", &table), ("seq_lens", &lens)];
+    let views: Vec<_> = tensors.iter().map(|(n, t)| (n.to_string(), safetensors::tensor::TensorView::new(st(t), t.shape.clone(), &t.bytes).unwrap())).collect();
+    let inputs = d.join("in.safetensors");
+    safetensors::serialize_to_file(views, None, &inputs).unwrap();
+    let params = d.join("p.json");
+    let p = json!({"cache": {"dims": {"latent": latent, "rope": rope}, "format": "bf16"}, "softmax_scale": 0.3, "block_table": [[4, 1, 2, 0, 6], [7, 3, 5, -1, -1]]});
+    std::fs::write(&params, p.to_string()).unwrap();
+    let out = d.join("out.safetensors");
+    for backend in ["cpu", "simt32", "simt64"] {
+        let r = k3(&["op", "mla_decode", "--inputs", s(&inputs), "--params", s(&params), "--outputs", s(&out), "--backend", backend], &[], T);
+        assert_eq!(r.code, Some(2), "{backend}: {r:?}");
+        assert!(r.stderr.contains("`block_table`") && r.stderr.contains("100000"), "{backend}: {r:?}");
+        assert!(!out.exists(), "{backend}: an outputs file was written");
+    }
+}

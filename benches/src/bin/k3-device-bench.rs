@@ -3,6 +3,7 @@
 //! ```text
 //! k3-device-bench --backend cuda|rocm|simt32|simt64 [--smoke] [--json FILE | --out FILE]
 //!                 [--warmup N] [--iters N] [--copy-gbs GB/S] [--hardware PART]
+//!                 [--device-checks on|off|both]
 //! k3-device-bench --table FILE [--hardware PART]     # the table of a report, floors recomputed
 //! ```
 //!
@@ -33,13 +34,18 @@
 //! `pct_copy` is its `gbs` over the copy's traffic rate (2 × bytes copied per second, since a copy
 //! reads and writes every byte).
 //!
+//! Device checks (`--device-checks`, default `on`; `k3_kernels::device_checks`): the ops whose
+//! kernels bound-check device metadata (KDA prefill and decode, MLA decode, the MoE align and
+//! grouped GEMMs) run with the checks on, off, or `both` (each case twice, a row pair whose
+//! `device_checks` field says which); the other rows run with the checks on.
+//!
 //! Output: `{"schema": "k3-device-bench/1", ..., "hardware": {id, name, source}, "rows": [{op,
 //! shape, dtype, us, tflops, gbs, bytes, flops, flops_by_class, pct_copy, floor_us, pct_floor,
-//! bound}]}` to the JSON file, and a table on stdout.
+//! bound, device_checks}]}` to the JSON file, and a table on stdout.
 
 use k3_benches::calls::{experts_touched, moe_call, total, KdaDecodeCall, KdaPrefillCall, MlaDecodeCall, MoeCall, MoeInputs, MoePlans};
 use k3_benches::sol;
-use k3_kernels::{GpuBackend, Runtime};
+use k3_kernels::{DeviceChecks, GpuBackend, Runtime};
 use kernel_api::cost::Cost;
 use kernel_api::hardware::Hardware;
 use kernel_api::conformance::TestRng;
@@ -60,14 +66,26 @@ struct Opts {
     copy_gbs: Option<f64>,
     hardware: Option<String>,
     table: Option<PathBuf>,
+    /// Check modes the checked cases run under, in order.
+    device_checks: Vec<DeviceChecks>,
 }
 
 fn usage() -> String {
-    "usage: k3-device-bench --backend cuda|rocm|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S] [--hardware PART]\n       k3-device-bench --table FILE [--hardware PART]".into()
+    "usage: k3-device-bench --backend cuda|rocm|simt32|simt64 [--smoke] [--json FILE | --out FILE] [--warmup N] [--iters N] [--copy-gbs GB/S] [--hardware PART] [--device-checks on|off|both]\n       k3-device-bench --table FILE [--hardware PART]".into()
 }
 
 fn parse_args() -> std::result::Result<Opts, String> {
-    let mut o = Opts { backend: String::new(), smoke: false, json: None, warmup: 0, iters: 0, copy_gbs: None, hardware: None, table: None };
+    let mut o = Opts {
+        backend: String::new(),
+        smoke: false,
+        json: None,
+        warmup: 0,
+        iters: 0,
+        copy_gbs: None,
+        hardware: None,
+        table: None,
+        device_checks: vec![DeviceChecks::On],
+    };
     let (mut warmup, mut iters) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -87,6 +105,14 @@ fn parse_args() -> std::result::Result<Opts, String> {
             }
             "--hardware" => o.hardware = Some(val("--hardware")?),
             "--table" => o.table = Some(PathBuf::from(val("--table")?)),
+            "--device-checks" => {
+                o.device_checks = match val("--device-checks")?.as_str() {
+                    "on" => vec![DeviceChecks::On],
+                    "off" => vec![DeviceChecks::Off],
+                    "both" => vec![DeviceChecks::On, DeviceChecks::Off],
+                    other => return Err(format!("--device-checks: {other} (expected on, off or both)")),
+                }
+            }
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown argument {other}\n{}", usage())),
         }
@@ -183,6 +209,8 @@ struct Row {
     dtype: String,
     us: f64,
     cost: Cost,
+    /// The backend's device-check mode when the row was timed.
+    checks: DeviceChecks,
 }
 
 /// Everything a case needs: the backend, timing settings, the rows so far.
@@ -215,7 +243,7 @@ impl<R: Runtime> Bench<'_, R> {
     }
 
     fn push(&mut self, op: &str, shape: String, dtype: &str, us: f64, cost: Result<Cost>) -> Result<()> {
-        self.rows.push(Row { op: op.into(), shape, dtype: dtype.into(), us, cost: cost? });
+        self.rows.push(Row { op: op.into(), shape, dtype: dtype.into(), us, cost: cost?, checks: self.b.device_checks() });
         Ok(())
     }
 }
@@ -544,14 +572,22 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
             }
         }
     };
+    let initial_checks = b.device_checks();
+    // Each checked case once per requested mode (a row pair with `both`).
+    let mut checked = |c: &mut Bench<'_, R>, what: String, case: &mut dyn FnMut(&mut Bench<'_, R>) -> Result<()>| {
+        for &m in &o.device_checks {
+            b.set_device_checks(m);
+            let r = case(c);
+            note(c, format!("{what} (device checks {m:?})"), r);
+        }
+        b.set_device_checks(initial_checks);
+    };
     for &h in &sh.heads {
         for &(n, len) in &sh.kda_prefill {
-            let r = kda_prefill(&mut c, h, sh.kda_dim, n, len);
-            note(&c, format!("kda_prefill h={h} {n}x{len}"), r);
+            checked(&mut c, format!("kda_prefill h={h} {n}x{len}"), &mut |c| kda_prefill(c, h, sh.kda_dim, n, len));
         }
         for &bt in &sh.kda_decode {
-            let r = kda_decode(&mut c, h, sh.kda_dim, bt);
-            note(&c, format!("kda_decode h={h} b={bt}"), r);
+            checked(&mut c, format!("kda_decode h={h} b={bt}"), &mut |c| kda_decode(c, h, sh.kda_dim, bt));
         }
         // The device's own fp8 flavour: e4m3fnuz on gfx942, e4m3fn elsewhere.
         let (fp8, fp8_name) = match b.device_info().fp8 {
@@ -561,15 +597,13 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
         for &ctx in &sh.mla_ctx {
             for &bt in &sh.mla_batch {
                 for (f, name) in [(KvCacheFormat::Bf16, "bf16 cache"), (KvCacheFormat::Fp8Tiled(fp8), fp8_name)] {
-                    let r = mla_decode(&mut c, h, bt, ctx, f, name);
-                    note(&c, format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), r);
+                    checked(&mut c, format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), &mut |c| mla_decode(c, h, bt, ctx, f, name));
                 }
             }
         }
     }
     for &t in &sh.moe_tokens {
-        let r = moe(&mut c, t, sh.moe);
-        note(&c, format!("moe t={t}"), r);
+        checked(&mut c, format!("moe t={t}"), &mut |c| moe(c, t, sh.moe));
     }
     for &(n, k, what) in &sh.gemm {
         for &m in &sh.gemm_tokens {
@@ -607,7 +641,15 @@ fn timing<R: Runtime>(b: &GpuBackend<R>) -> &'static str {
 
 /// The JSON report of the rows so far.
 fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, hw: &(Option<&Hardware>, String), failures: &[Value]) -> Value {
-    let rows: Vec<Value> = c.rows.iter().map(|r| sol::row_json(&r.op, &r.shape, &r.dtype, r.us, &r.cost, hw.0, 2.0 * copy)).collect();
+    let rows: Vec<Value> = c
+        .rows
+        .iter()
+        .map(|r| {
+            let mut v = sol::row_json(&r.op, &r.shape, &r.dtype, r.us, &r.cost, hw.0, 2.0 * copy);
+            v["device_checks"] = json!(checks_name(r.checks));
+            v
+        })
+        .collect();
     json!({
         "schema": "k3-device-bench/1",
         "backend": c.b.name(),
@@ -625,6 +667,13 @@ fn report<R: Runtime>(c: &Bench<'_, R>, o: &Opts, copy: f64, copy_source: &str, 
         "failures": failures,
         "rows": rows,
     })
+}
+
+fn checks_name(m: DeviceChecks) -> &'static str {
+    match m {
+        DeviceChecks::On => "on",
+        DeviceChecks::Off => "off",
+    }
 }
 
 fn write_report(path: &std::path::Path, report: &Value) -> Result<()> {

@@ -13,6 +13,7 @@
 //! the CPU reference. Tolerances come from [`crate::tolerance`].
 
 pub mod attn_res;
+pub mod bad_input;
 pub mod conv1d;
 pub mod elementwise;
 pub mod gemm;

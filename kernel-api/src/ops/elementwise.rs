@@ -23,8 +23,9 @@
 //!
 //! `out[m, :] = table[ids[m], :]`, ids i32 or i64 in `0..V`. With the output dtype equal to the
 //! table's (or f32 out of a bf16 table) the copy is exact. The plan takes the host copy of the
-//! ids and rejects any outside `0..V`; the CPU run re-checks the ids it reads (a GPU kernel
-//! trusts the plan, as FlashInfer's kernels trust their planned indptr).
+//! ids and rejects any outside `0..V`; the CPU run re-checks the ids it reads, a GPU kernel checks
+//! each id it reads (an out-of-range row is written as NaN and reported; see
+//! [device metadata](crate::ops#device-metadata)).
 //!
 //! Accepted dtypes: activations and tables f32 or bf16; ids i32 or i64.
 //! Layouts: inputs need unit stride along the last dim, any row stride (so `gate`/`g` may be a

@@ -411,13 +411,13 @@ impl KdaPrefillPlan {
         ensure(t <= 1 || row_stride >= h, "beta", || format!("row stride {row_stride} is smaller than the {h} heads of a row"))?;
         check_gate_tensors(b, p.gate, p.a_log_len, p.heads * p.k_dim, a.a_log.as_ref(), a.dt_bias.as_ref())?;
 
-        a.cu_seqlens.check(b, "cu_seqlens")?.dtype(&idx)?.shape(&[Dim::Is(self.num_seqs + 1)])?;
+        a.cu_seqlens.check(b, "cu_seqlens")?.dtype(&idx)?.shape(&[Dim::Is(self.num_seqs + 1)])?.contiguous()?;
         ensure(a.cu_seqlens.layout.dtype != DType::I32 || i32::try_from(t).is_ok(), "cu_seqlens", || {
             format!("i32 cannot hold {t} tokens")
         })?;
         match (&a.state_indices, &self.state_indices) {
             (Some(s), Some(_)) => {
-                s.check(b, "state_indices")?.dtype(&idx)?.shape(&[Dim::Is(self.num_seqs)])?;
+                s.check(b, "state_indices")?.dtype(&idx)?.shape(&[Dim::Is(self.num_seqs)])?.contiguous()?;
             }
             (None, None) => {}
             (Some(_), None) => return Err(Error::invalid("state_indices", "given, but the plan's batch has none")),
@@ -439,7 +439,7 @@ impl KdaPrefillPlan {
         match (&a.checkpoint_offsets, &a.checkpoint_state, c) {
             (None, None, 0) => {}
             (Some(o), Some(s), c) if c > 0 => {
-                o.check(b, "checkpoint_offsets")?.dtype(&idx)?.shape(&[Dim::Is(self.num_seqs), Dim::Is(c)])?;
+                o.check(b, "checkpoint_offsets")?.dtype(&idx)?.shape(&[Dim::Is(self.num_seqs), Dim::Is(c)])?.contiguous()?;
                 s.check(b, "checkpoint_state")?
                     .dtype(&[DType::F32])?
                     .shape(&[Dim::Is(self.num_seqs), Dim::Is(c), Dim::Is(h), Dim::Is(d1), Dim::Is(d2)])?

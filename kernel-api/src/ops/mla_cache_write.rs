@@ -32,7 +32,10 @@
 //!
 //! The plan takes the host copy of `slot_mapping` and rejects slots `>= num_pages · page_size`
 //! and two tokens with the same non-negative slot (a write race on a GPU). The device tensor
-//! must hold the same values; the CPU reference checks that, GPU kernels trust the plan.
+//! must hold the same values; the CPU reference checks that, GPU kernels check each slot against
+//! the cache ([device metadata](crate::ops#device-metadata)). Two tokens with one device slot are
+//! a caller error GPU kernels do not look for (it would cost a pass over the batch per token):
+//! both write the slot's row, each byte ending as one of the two tokens' bytes.
 
 use crate::backend::Backend;
 use crate::dtype::DType;

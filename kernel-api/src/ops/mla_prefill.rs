@@ -32,7 +32,7 @@
 //! starts at 0, never decreases and ends at `total_tokens` (same for the key side); with `causal`
 //! and a key side, `Lk_b >= Lq_b` for every sequence (so every query sees at least one key). The
 //! device tensors `cu_seqlens` / `cu_seqlens_k` must hold the same values; the CPU reference
-//! checks that, GPU kernels trust the plan.
+//! checks that, GPU kernels check the bounds ([device metadata](crate::ops#device-metadata)).
 
 use crate::backend::Backend;
 use crate::dtype::DType;

@@ -8,6 +8,31 @@
 //!   allocates, never synchronises and never copies metadata host -> device, so a sequence of
 //!   `run` calls can be captured into a CUDA/HIP graph;
 //! - workspaces are caller-owned buffers of at least `workspace_size(&plan)` bytes.
+//!
+//! # Device metadata
+//!
+//! Index tensors given to `run` (block tables, slot mappings, sequence lengths, cu_seqlens,
+//! state indices, checkpoint offsets, top-k ids, expert maps, the align outputs, embedding ids)
+//! must hold the values the plan validated on the host. `run` never reads device memory on a
+//! GPU, so a difference is found where the data is used:
+//! - the CPU reference reads every such tensor in `run` and returns
+//!   [`Error::InvalidInput`] naming it for any value it cannot accept (for most: any value that
+//!   differs from the plan's);
+//! - GPU kernels check every index they read against the bounds the plan fixed, skip the work a
+//!   bad one would address (never touching memory outside the op's tensors), and the backend
+//!   returns [`Error::InvalidInput`] naming the same tensor (the op, the entry, the value and the
+//!   bound in the reason) at the next synchronising call (`Backend::synchronize`, `download`).
+//!   Values out of bounds, repeated state slots and counts that do not fit the plan's schedule
+//!   are reported; an in-bounds value that differs from the plan's is used as given (the result
+//!   is that of the batch the device data describes), or reported where the plan's schedule
+//!   cannot hold it. After a reported error the op's outputs and states are unspecified.
+//!   Engines that validate upstream may switch the kernel checks off (`k3_kernels::DeviceChecks`,
+//!   `K3_DEVICE_CHECKS=off`); out-of-range data is then undefined behaviour.
+//! - not looked for on GPUs (a caller contract; the CPU reference rejects both): two tokens with
+//!   one device slot in `mla_cache_write`, and a pair listed twice in `sorted_token_ids`.
+//!
+//! The bad-input suite (`conformance::bad_input`, [`crate::bad_input_suite!`]) holds every
+//! backend to this.
 
 pub mod attn_res;
 pub mod conv1d;

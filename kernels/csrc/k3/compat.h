@@ -13,7 +13,9 @@
 //                  lane_mask_t, kFullMask, shfl/shfl_up/shfl_down/shfl_xor (width), their
 //                  _sync forms with a mask, ballot(_sync), any/all, popc, sync_warp,
 //                  warp_reduce_sum/max (k3/warp.h)
-//   atomics        atomic_add (int, unsigned, float), atomic_max (int), thread_fence()
+//   atomics        atomic_add (int, unsigned, float), atomic_max (int), atomic_cas (int), thread_fence()
+//   index checks   k3/checks.h: the device error record and the bound checks every kernel
+//                  applies to index data it reads from device memory (see the rule there)
 //   conversions    bf16 <-> f32 (bit-identical to Rust half::bf16), fp8 e4m3fn / e4m3fnuz / e5m2
 //                  encode (round to nearest even, saturating) and decode (k3/convert.h)
 //   matrix tiles   k3::mma fragments for bf16 MMA with f32 accumulate (k3/mma.h)
@@ -95,5 +97,6 @@ typedef short int16_t;
 #include "k3/math.h"
 #include "k3/tensor.h"
 #include "k3/vec.h"
+#include "k3/checks.h"
 
 #endif  // K3_COMPAT_H

@@ -11,6 +11,11 @@
 // happens only in chunk 0 (the launcher keeps chunk_len >= W-1), and the final state is written
 // by the same chunk-0 thread after it has read the history, so a slot is never read by one
 // block while another writes it.
+//
+// Device metadata is checked per block (k3/checks.h): cu_seqlens starts at 0, never decreases,
+// ends at total_tokens, and no sequence is longer than the grid's chunks cover; a state slot lies
+// in [0, slots), and the (sequence, chunk 0, channel tile 0) block looks for its slot in the other
+// sequences (two sequences on one slot race). A failing sequence is skipped.
 #include "k3/compat.h"
 
 namespace causal_conv1d_varlen {
@@ -25,28 +30,36 @@ K3_KERNEL void causal_conv1d_varlen_fwd(
     void* conv_state, int cs_dt, int64_t cs_s0, int64_t cs_s1, int64_t cs_s2,  // [slots, D, W-1] or null
     void* out, int out_dt, int64_t out_s0,                          // [T, D], unit channel stride
     int dim, int width, int silu, int read_state, int write_state, int slots, int64_t total_tokens,
-    int chunk_len, int chunks) {
+    int chunk_len, int chunks, int num_seqs, k3::ErrorRecord* err) {
   using namespace causal_conv1d_varlen;
   const int n = static_cast<int>(k3::block_idx_x()) / chunks;
   const int chunk = static_cast<int>(k3::block_idx_x()) % chunks;
   const int c = static_cast<int>(k3::block_idx_y() * k3::block_dim_x() + k3::thread_idx_x());
-  if (c >= dim) return;
+  // Checks first (block-uniform: every thread reads the same entries), then the channel guard.
   const int64_t start = k3::load_index(cu_seqlens, cu_dt, n * cu_s0);
   const int64_t end = k3::load_index(cu_seqlens, cu_dt, (n + 1) * cu_s0);
-  if (start < 0 || end < start || end > total_tokens) k3::trap("causal_conv1d: cu_seqlens out of range");
+  if (!k3::index_ok(err, k3::kCheckConv1dCuSeqlens, n, start, 0, n == 0 ? 1 : total_tokens + 1) ||
+      !k3::index_ok(err, k3::kCheckConv1dCuSeqlens, n + 1, end, n + 1 == num_seqs ? total_tokens : start,
+                    (total_tokens - start < static_cast<int64_t>(chunks) * chunk_len ? total_tokens
+                                                                                    : start + static_cast<int64_t>(chunks) * chunk_len) + 1)) {
+    return;
+  }
+  const bool uses_state = (read_state || write_state) && chunk == 0;
+  int slot = n;
+  if (uses_state && state_indices != nullptr) {
+    slot = state_indices[n * si_s0];
+    if (!k3::index_ok(err, k3::kCheckConv1dStateIndices, n, slot, 0, slots)) return;
+    if (k3::block_idx_y() == 0) {
+      k3::block_unique(err, k3::kCheckConv1dStateIndices, state_indices, k3::kI32, si_s0, num_seqs, n, slot, -1);
+    }
+  }
+  if (c >= dim) return;
   const int64_t len = end - start;
   const int64_t t0 = static_cast<int64_t>(chunk) * chunk_len;
   if (t0 >= len) return;  // past this sequence's end (or an empty sequence)
   const int64_t t1 = t0 + chunk_len < len ? t0 + chunk_len : len;
   const int hist = width - 1;
-
-  const bool uses_state = (read_state || write_state) && chunk == 0;
-  int64_t cs = 0;
-  if (uses_state) {
-    const int slot = state_indices != nullptr ? state_indices[n * si_s0] : n;
-    if (slot < 0 || slot >= slots) k3::trap("causal_conv1d: state index outside the pool");
-    cs = slot * cs_s0 + c * cs_s1;
-  }
+  const int64_t cs = uses_state ? slot * cs_s0 + c * cs_s1 : 0;
   float taps[kMaxWidth];
   for (int j = 0; j < kMaxWidth - 1; ++j) taps[j] = j < hist ? weight[c * w_s0 + j * w_s1] : 0.0f;
   const float tap_now = weight[c * w_s0 + hist * w_s1];

@@ -37,10 +37,11 @@ K3_EXPORT(dense_sigmoid_gate);
 
 // out[m, :] = table[ids[m], :]; table [vocab, d] with row stride t_rs; ids [rows] with stride
 // id_stride. The plan checked the ids; an id that changed on the device since is not read past
-// the table: its row is written as NaN (visible, never an out-of-bounds read). Same dtype in and
-// out copies the bits (exact even for NaN payloads).
+// the table: its row is written as NaN (visible, never an out-of-bounds read) and reported
+// through err (k3/checks.h). Same dtype in and out copies the bits (exact even for NaN payloads).
 K3_KERNEL void dense_embedding_gather(const void* table, int t_dt, int64_t t_rs, const void* ids, int id_dt,
-                                      int64_t id_stride, void* out, int out_dt, int64_t rows, int d, int64_t vocab) {
+                                      int64_t id_stride, void* out, int out_dt, int64_t rows, int d, int64_t vocab,
+                                      k3::ErrorRecord* err) {
   const int64_t total = rows * d;
   const int64_t step = static_cast<int64_t>(k3::grid_dim_x()) * k3::block_dim_x();
   for (int64_t i = static_cast<int64_t>(k3::block_idx_x()) * k3::block_dim_x() + k3::thread_idx_x(); i < total;
@@ -48,6 +49,7 @@ K3_KERNEL void dense_embedding_gather(const void* table, int t_dt, int64_t t_rs,
     const int64_t r = i / d, c = i % d;
     const int64_t id = k3::load_index(ids, id_dt, r * id_stride);
     if (id < 0 || id >= vocab) {
+      if (c == 0) k3::record_violation(err, k3::kCheckEmbeddingIds, k3::kCheckRange, r, -1, id, 0, vocab);
       k3::store_f32(out, out_dt, i, k3::uint_as_float(0x7fc00000u));
       continue;
     }

@@ -13,7 +13,10 @@
 //     memory) that applies the decay, then kGroup lanes per column reduce kᵀS and qᵀS over k
 //     with xor shuffles, then a coalesced store rounded once to the pool dtype;
 //  5. the gated per-head RMSNorm epilogue (another block reduction).
-// Slot 0 is the null slot: the block writes a zero output row and touches neither pool.
+// Slot 0 is the null slot: the block writes a zero output row and touches neither pool. The
+// device slot is checked (k3/checks.h): outside [0, slots) it is reported and the block touches
+// neither pool (its output row is left as it was); the head-0 block of a row also looks for its
+// slot in the other rows (two rows on one slot race) and reports a repeat.
 #include "k3/compat.h"
 
 namespace kda_decode_fused {
@@ -66,7 +69,7 @@ K3_KERNEL void kda_decode_fused_step(
     const float* norm_w, int64_t nw_s0,                                      // [V] or null
     void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V]
     int heads, int head_k, int head_v, int width, int slots, int gate_mode, float lower_bound,
-    int beta_sigmoid, int qk_l2norm, float scale, int gated_norm, float norm_eps) {
+    int beta_sigmoid, int qk_l2norm, float scale, int gated_norm, float norm_eps, int batch, k3::ErrorRecord* err) {
   using namespace kda_decode_fused;
   const int row = static_cast<int>(k3::block_idx_x());
   const int b = row / heads;
@@ -76,11 +79,13 @@ K3_KERNEL void kda_decode_fused_step(
   const int64_t out_row = b * out_s0 + h * out_s1;
 
   const int slot = state_indices[b * si_s0];
+  // Block-uniform from here to the end of the checks: every thread reads the same slot.
+  if (!k3::index_ok(err, k3::kCheckKdaDecodeStateIndices, b, slot, 0, slots)) return;
   if (slot == 0) {  // null slot (padded graph row): zeros out, pools untouched
     for (int j = tid; j < V; j += kThreads) k3::store_f32(out, out_dt, out_row + j, 0.0f);
     return;
   }
-  if (slot < 0 || slot >= slots) k3::trap("kda_decode: state index outside the pool");
+  if (h == 0) k3::block_unique(err, k3::kCheckKdaDecodeStateIndices, state_indices, k3::kI32, si_s0, batch, b, slot, 0);
 
   float* u = k3::dynamic_shared<float>();  // [2K + V]: q | k | v of this head after conv + SiLU
   float* alpha = u + 2 * K + V;            // [K] decay factors

@@ -3,6 +3,11 @@
 //   kda_prefill_schedule     1 block: the chunk list of the batch from the device cu_seqlens and
 //                            checkpoint offsets (chunk_size tokens from each sequence start,
 //                            restarting at every checkpoint offset), written to the workspace.
+//                            It checks the device metadata (k3/checks.h): cu_seqlens starts at 0,
+//                            never decreases and ends at the plan's T; used checkpoint offsets
+//                            increase within 1..=len; the chunk count is the plan's. Otherwise it
+//                            writes an empty schedule (zero-length chunks, seq_base[N] = -1) that
+//                            K1 and K2 run as no work at all (K2 leaves every state alone).
 //   kda_prefill_prepare      K1, grid (chunks, H), token-parallel: gate, q/k L2 norm, β, the
 //                            cumulative log-decay G inside the chunk, the intra-chunk matrices
 //                            L = β_i·Σ_d k_i k_j e^{G_i−G_j} (j < i) and A_qk = Σ_d q_i k_j
@@ -37,19 +42,24 @@ K3_DEVICE void kda_split_bf16(float x, uint16_t& hi, uint16_t& lo) {
 
 // Chunks of sequence n (tokens t0 .. t0+len); with `desc` also writes their descriptors
 // (first token, length, checkpoint entry or −1, n) from index `base`. Mirrors
-// KdaPrefillPlan::chunks on the host.
+// KdaPrefillPlan::chunks on the host. Returns -1 (recording the entry) when a used checkpoint
+// offset does not increase within 1..=len.
 K3_DEVICE int kda_prefill_walk(int n, int t0, int len, const void* ck, int ck_dt, int per_seq, int chunk, int* desc,
-                               int base) {
+                               int base, k3::ErrorRecord* err) {
   int count = 0;
   int start = 0;
+  int64_t last = 0;  // the previous used offset
   int final_entry = -1;
   for (int e = 0; e <= per_seq; ++e) {
     int end = len;
     int entry = final_entry;
     if (e < per_seq) {
       const int64_t off = k3::load_index(ck, ck_dt, static_cast<int64_t>(n) * per_seq + e);
-      if (off < 1) continue;  // unused entry
-      if (off >= len) {       // a checkpoint at the sequence end marks its last chunk
+      if (off == -1) continue;  // unused entry
+      if (!k3::index_ok_2d(err, k3::kCheckKdaPrefillCheckpoints, n, e, off, last + 1, static_cast<int64_t>(len) + 1)) return -1;
+      if (off <= last || off > len) continue;  // checks off: skip what the spec rejects
+      last = off;
+      if (off == len) {  // a checkpoint at the sequence end marks its last chunk
         final_entry = n * per_seq + e;
         continue;
       }
@@ -73,22 +83,38 @@ K3_DEVICE int kda_prefill_walk(int n, int t0, int len, const void* ck, int ck_dt
 }
 
 // One block: per-sequence chunk counts, an exclusive scan in tiles of blockDim sequences, then
-// each sequence writes its descriptors. seq_base[n] = first chunk of n; seq_base[N] = total.
+// each sequence writes its descriptors. seq_base[n] = first chunk of n; seq_base[N] = total, or
+// -1 when the device metadata failed a check (then every planned descriptor is a 0-length chunk).
 K3_KERNEL void kda_prefill_schedule(const void* cu, int cu_dt, const void* ck, int ck_dt, int per_seq, int num_seqs,
-                                    int chunk, int* desc, int* seq_base) {
+                                    int chunk, int* desc, int* seq_base, int64_t tokens, int planned_chunks,
+                                    k3::ErrorRecord* err) {
   K3_SHARED(int, counts, [1024]);
   K3_SHARED(int, carry, [1]);
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int nt = static_cast<int>(k3::block_dim_x());
   if (tid == 0) carry[0] = 0;
   k3::sync_threads();
+  bool ok = true;
   for (int n0 = 0; n0 < num_seqs; n0 += nt) {
     const int n = n0 + tid;
     int t0 = 0, len = 0, cnt = 0;
     if (n < num_seqs) {
-      t0 = static_cast<int>(k3::load_index(cu, cu_dt, n));
-      len = static_cast<int>(k3::load_index(cu, cu_dt, n + 1)) - t0;
-      cnt = kda_prefill_walk(n, t0, len, ck, ck_dt, per_seq, chunk, nullptr, 0);
+      const int64_t a = k3::load_index(cu, cu_dt, n);
+      const int64_t b = k3::load_index(cu, cu_dt, n + 1);
+      // Entry n is checked by sequence n (entry 0 must be 0); entry N must also be T.
+      const bool seq_ok = k3::index_ok(err, k3::kCheckKdaPrefillCuSeqlens, n, a, 0, n == 0 ? 1 : tokens + 1) &&
+                          k3::index_ok(err, k3::kCheckKdaPrefillCuSeqlens, n + 1, b, n + 1 == num_seqs ? tokens : a,
+                                       tokens + 1);
+      if (seq_ok && a >= 0 && b >= a && b <= tokens) {
+        t0 = static_cast<int>(a);
+        len = static_cast<int>(b - a);
+        cnt = kda_prefill_walk(n, t0, len, ck, ck_dt, per_seq, chunk, nullptr, 0, err);
+      }
+      if (!seq_ok || cnt < 0) {
+        ok = false;
+        len = 0;
+        cnt = 0;
+      }
     }
     counts[tid] = cnt;
     k3::sync_threads();
@@ -102,11 +128,27 @@ K3_KERNEL void kda_prefill_schedule(const void* cu, int cu_dt, const void* ck, i
       carry[0] = run;
     }
     k3::sync_threads();
-    if (n < num_seqs) {
+    // Descriptors past the plan's count are never written (the count check below fails).
+    if (n < num_seqs && counts[tid] + cnt <= planned_chunks) {
       seq_base[n] = counts[tid];
-      kda_prefill_walk(n, t0, len, ck, ck_dt, per_seq, chunk, desc, counts[tid]);
+      kda_prefill_walk(n, t0, len, ck, ck_dt, per_seq, chunk, desc, counts[tid], nullptr);
     }
     k3::sync_threads();
+  }
+  const bool all_ok = k3::block_all(err, ok) &&
+                      k3::count_ok(err, per_seq > 0 ? k3::kCheckKdaPrefillCheckpoints : k3::kCheckKdaPrefillCuSeqlens,
+                                   carry[0], planned_chunks);
+  if (!all_ok) {
+    for (int c = tid; c < planned_chunks; c += nt) {
+      int* d = desc + 4 * c;
+      d[0] = 0;
+      d[1] = 0;
+      d[2] = -1;
+      d[3] = 0;
+    }
+    for (int n = tid; n < num_seqs; n += nt) seq_base[n] = 0;
+    if (tid == 0) seq_base[num_seqs] = -1;
+    return;
   }
   if (tid == 0) seq_base[num_seqs] = carry[0];
 }
@@ -315,7 +357,7 @@ K3_KERNEL void kda_prefill_recurrence(const int* desc, const int* seq_base, cons
                                       int slots_dt, float* ck_state, int64_t c_sn, int64_t c_sc, int64_t c_sh,
                                       int64_t c_sr, int per_seq, void* out, int out_dt, int64_t o_st, int64_t o_sh,
                                       int heads, int kd, int vd, int vb, int chunk, int row_len, int v_major,
-                                      int read_initial, int write_final) {
+                                      int read_initial, int write_final, int state_slots, k3::ErrorRecord* err) {
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int nt = static_cast<int>(k3::block_dim_x());
   const int v0 = static_cast<int>(k3::block_idx_x()) * vb;
@@ -329,8 +371,17 @@ K3_KERNEL void kda_prefill_recurrence(const int* desc, const int* seq_base, cons
   float* vn = s + kd * ld;
   float* gam = vn + chunk * vb;
   const int gq = 0, gk = kd, gg = 2 * kd, gw = 3 * kd, gu = 4 * kd, ga = 4 * kd + vd;
-  const int64_t slot = slots != nullptr ? k3::load_index(slots, slots_dt, n) : n;
+  if (seq_base[k3::grid_dim_z()] < 0) return;  // the schedule failed its checks: no work at all
   const bool has_pool = pool != nullptr;
+  const int64_t slot = slots != nullptr ? k3::load_index(slots, slots_dt, n) : n;
+  if (has_pool && slots != nullptr) {
+    // Block-uniform. One block per sequence also looks for the slot elsewhere in the batch (two
+    // sequences on one slot race); the others trust that scan.
+    if (!k3::index_ok(err, k3::kCheckKdaPrefillStateIndices, n, slot, 0, state_slots)) return;
+    if (k3::block_idx_x() == 0 && h == 0) {
+      k3::block_unique(err, k3::kCheckKdaPrefillStateIndices, slots, slots_dt, 1, k3::grid_dim_z(), n, slot, -1);
+    }
+  }
   const int64_t head_base = slot * p_ss + h * p_sh;
   const int elems = kd * cols;
   // Element e of this block's slice: (key d, local column j).

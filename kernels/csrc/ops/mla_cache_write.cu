@@ -28,16 +28,20 @@ K3_DEVICE void store_bf16(uint8_t* dst, float v) {
 // kv: [num_tokens, latent + rope] (row stride kv_st elements, unit inner stride), dtype kv_dt.
 // slots: [num_tokens] i32/i64. cache: byte address of element (0, 0, 0); page / row strides in
 // bytes. kind: mla::kFormatBf16 / kFormatFlat / kFormatTiled; fnuz: fp8 flavour. inv_scale is
-// the host's f32 `1 / kv_scale` (flat fp8 only).
+// the host's f32 `1 / kv_scale` (flat fp8 only). Negative slots are padding (the spec); a slot
+// past the cache (num_pages * page_size slots) is reported through err and its token skipped.
+// Two tokens with one slot race (the plan rejects that on the host; the kernel does not look).
 K3_KERNEL void mla_cache_write(const void* kv, int kv_dt, int64_t kv_st, const void* slots, int slot_dt,
                                uint8_t* cache, int64_t page_stride, int64_t row_stride, int page_size,
-                               int num_tokens, int kind, int fnuz, int latent, int rope, float inv_scale) {
+                               int num_pages, int num_tokens, int kind, int fnuz, int latent, int rope, float inv_scale,
+                               k3::ErrorRecord* err) {
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int nthreads = static_cast<int>(k3::block_dim_x());
   const int width = latent + rope;
   for (int tok = static_cast<int>(k3::block_idx_x()); tok < num_tokens; tok += static_cast<int>(k3::grid_dim_x())) {
     const int64_t slot = k3::load_index(slots, slot_dt, tok);
     if (slot < 0) continue;  // padding token (block-uniform)
+    if (!k3::index_ok(err, k3::kCheckMlaCacheWriteSlot, tok, slot, 0, static_cast<int64_t>(num_pages) * page_size)) continue;
     uint8_t* row = cache + (slot / page_size) * page_stride + (slot % page_size) * row_stride;
     const int64_t src = static_cast<int64_t>(tok) * kv_st;
     if (kind == mla::kFormatBf16) {

@@ -8,6 +8,12 @@
 // partial LSEs [slot][q_len][16]; asm plans then hold the schedule the metadata kernel writes:
 // items [n_items][5] = (batch, head_group, kv_start, kv_end, slot or -1), cu_indptr [cus + 1],
 // reduce entries [n_reduce][4] = (batch, head_group, first slot, count).
+//
+// Device metadata is checked (k3/checks.h) once per work item, before any thread reads the
+// cache: seq_lens[b] in [q_len, bt_cols * page_size] and the block-table entries of the item's
+// key range in [0, num_pages); a failing item is skipped whole. The asm schedule also checks that
+// the device seq_lens give the plan's counts (tokens, items, split pairs); otherwise it writes an
+// empty schedule, so no unit runs an item and the reduce merges nothing.
 #include "k3/compat.h"
 #include "mla_attend_mma.cuh"
 
@@ -42,6 +48,29 @@ K3_DEVICE Smem carve_shared() {
   m.mult = reinterpret_cast<float*>(s + 4 * mla::kRows * mla::kTile);
   m.raw = reinterpret_cast<uint16_t*>(s + 4 * mla::kRows * mla::kTile + 4 * mla::kTile * mla::kMultSlots);
   return m;
+}
+
+// seq_lens[b] is usable: in [min_len, bt_cols * page_size] (the keys the block-table row can
+// address). The same answer in every thread of a block (all read the same value).
+K3_DEVICE bool seq_len_ok(k3::ErrorRecord* err, int site, int b, int seq_len, int min_len, int bt_cols, int page_size) {
+  return k3::index_ok(err, site, b, seq_len, min_len, static_cast<int64_t>(bt_cols) * page_size + 1);
+}
+
+// The block-table entries of keys [kv_start, kv_end) of sequence b (c.block_table is its row)
+// are pages of the cache. Once per page, block-cooperative: every thread of the block calls it
+// and gets the same answer. `len_ok` (block-uniform) gates the reads: the key range is only
+// meaningful for a checked seq_len.
+K3_DEVICE bool pages_ok(k3::ErrorRecord* err, int site, const mla::Cache& c, int b, bool len_ok, int kv_start, int kv_end,
+                        int num_pages) {
+  if (err == nullptr) return true;
+  bool ok = len_ok;
+  if (len_ok && kv_end > kv_start) {
+    const int nthreads = static_cast<int>(k3::block_dim_x());
+    for (int p = kv_start / c.page_size + static_cast<int>(k3::thread_idx_x()); p <= (kv_end - 1) / c.page_size; p += nthreads) {
+      ok = k3::index_ok_2d(err, site, b, p, c.block_table[static_cast<int64_t>(p) * c.bt_col_stride], 0, num_pages) && ok;
+    }
+  }
+  return k3::block_all(err, ok);
 }
 
 // Destination of one decode item of sequence b, head group g: the output tensors, or partial
@@ -114,39 +143,47 @@ K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, int heads, 
 #define MLA_DECODE_PARAMS                                                                                         \
   const void *q, int q_dt, int64_t q_sb, int64_t q_st, int64_t q_sh, const uint8_t *cache, int64_t page_stride,   \
       int64_t row_stride, int page_size, int kind, int fnuz, int latent, int rope, const int *block_table,       \
-      int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, void *out, int out_dt, int64_t o_sb,      \
-      int64_t o_st, int64_t o_sh, float *lse, int64_t l_sb, int64_t l_st, int64_t l_sh, float *ws,              \
-      int64_t ws_lse_off, int heads, int q_len
+      int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, int num_pages, int bt_cols, void *out,    \
+      int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh, float *lse, int64_t l_sb, int64_t l_st, int64_t l_sh, \
+      float *ws, int64_t ws_lse_off, int heads, int q_len
 #define MLA_DECODE_ARGS                                                                                    \
   q, q_dt, q_sb, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table, \
-      bt_sb, bt_sp, seq_lens, sl_s, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off, heads, q_len
+      bt_sb, bt_sp, seq_lens, sl_s, num_pages, bt_cols, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, \
+      ws_lse_off, heads, q_len
 
 template <bool kMma>
-K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale) {
+K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale, k3::ErrorRecord* err) {
   const int b = static_cast<int>(k3::block_idx_x());
   const int g = static_cast<int>(k3::block_idx_y()) / q_len;
   const int rt = static_cast<int>(k3::block_idx_y()) % q_len;
   const int split = static_cast<int>(k3::block_idx_z());
   const int head_groups = (heads + mla::kRows - 1) / mla::kRows;
-  const int seq_len = seq_lens[b * sl_s];
+  const int dev_len = seq_lens[b * sl_s];
+  const bool len_ok = seq_len_ok(err, k3::kCheckMlaDecodeSeqLens, b, dev_len, q_len, bt_cols, page_size);
+  const int seq_len = len_ok ? dev_len : 0;
   const int chunk = (seq_len + num_splits - 1) / num_splits;
   const int kv_start = split * chunk < seq_len ? split * chunk : seq_len;
   const int kv_end = kv_start + chunk < seq_len ? kv_start + chunk : seq_len;
   const int slot = num_splits > 1 ? (b * head_groups + g) * num_splits + split : -1;
   const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
+  if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, len_ok, kv_start, kv_end, num_pages)) return;  // block-uniform
   const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
   const mla::Dest d = decode_dest(b, g, slot, q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
   decode_item<kMma>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, rt, q_len, score_scale, out_scale, d);
 }
 
+// Items come from mla_decode_asm_schedule, which checked the seq_lens they were cut from (and
+// wrote an empty schedule otherwise); the block-table entries are checked here, per item.
 template <bool kMma>
-K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale) {
+K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale,
+                        k3::ErrorRecord* err) {
   const int unit = static_cast<int>(k3::block_idx_x());
   for (int w = cu_indptr[unit]; w < cu_indptr[unit + 1]; ++w) {
     const int* it = items + 5 * static_cast<int64_t>(w);
     const int b = it[0], g = it[1];
     const int seq_len = seq_lens[b * sl_s];
     const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
+    if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, true, it[2], it[3], num_pages)) continue;  // block-uniform
     const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
     const mla::Dest d = decode_dest(b, g, it[4], q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
     decode_item<kMma>(c, qq, heads, q_len, seq_len, g, it[2], it[3], 0, 1, score_scale, out_scale, d);
@@ -158,12 +195,14 @@ K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const int* cu_indpt
 // Gluon style: grid (batch, head_groups x q_len row tiles, num_splits). Split k of sequence b
 // covers keys [k*chunk, (k+1)*chunk) with chunk = ceil(seq_len / num_splits); with one split the
 // block writes out/lse, else partial slot (b*head_groups + g)*num_splits + k.
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale) {
-  gluon_body<false>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale,
+                                                     k3::ErrorRecord* err) {
+  gluon_body<false>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_gluon);
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon_mma(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale) {
-  gluon_body<true>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon_mma(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale,
+                                                         k3::ErrorRecord* err) {
+  gluon_body<true>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_gluon_mma);
 
@@ -202,19 +241,28 @@ K3_DEVICE int64_t floor_div(int64_t a, int64_t b) { return a / b; }  // a >= 0, 
 // block. The (sequence, head group) pairs, each seq_len key-tokens long, are laid end to end and
 // cut at every multiple of `quota`; unit u runs the items starting in [u*quota, (u+1)*quota).
 // Pairs cut into several items get consecutive partial slots and one reduce entry, in pair order.
-// Writes are bounded by the plan's counts (device seq_lens must equal the planned ones).
+// Writes are bounded by the plan's counts. Checked: every seq_len in [min_len, max_len] (an
+// unusable one counts as 0 tokens) and the totals (tokens, items, reduce entries) equal the
+// plan's; otherwise the schedule is emptied (no unit runs an item, every reduce entry merges
+// nothing into sequence 0), so a wrong device seq_lens never drives a read past the workspace.
 K3_KERNEL void mla_decode_asm_schedule(const int* seq_lens, int64_t sl_s, int batch, int head_groups, int64_t quota,
-                                       int cus, int n_items, int n_reduce, int* items, int* cu_indptr, int* reduce) {
+                                       int cus, int n_items, int n_reduce, int* items, int* cu_indptr, int* reduce,
+                                       int min_len, int64_t max_len, int64_t plan_tokens, k3::ErrorRecord* err) {
   K3_SHARED(int64_t, warp_sums, [kScheduleThreads / k3::kWarpSize]);
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int64_t pairs = static_cast<int64_t>(batch) * head_groups;
   int64_t carry_tokens = 0, carry_items = 0, carry_slots = 0, carry_reduce = 0;
+  bool lens_ok = true;
   for (int64_t base = 0; base < pairs; base += kScheduleThreads) {
     const int64_t p = base + tid;
     const bool valid = p < pairs;
     const int b = valid ? static_cast<int>(p / head_groups) : 0;
     const int g = valid ? static_cast<int>(p % head_groups) : 0;
-    const int64_t len = valid ? seq_lens[b * sl_s] : 0;
+    int64_t len = valid ? seq_lens[b * sl_s] : 0;
+    if (valid && g == 0 && !k3::index_ok(err, k3::kCheckMlaDecodeSeqLens, b, len, min_len, max_len + 1)) {
+      lens_ok = false;
+    }
+    if (len < min_len || len > max_len) len = 0;  // unusable: no items (the schedule is emptied below)
     int64_t sum;
     const int64_t off = carry_tokens + block_exclusive_scan(len, warp_sums, &sum);
     carry_tokens += sum;
@@ -248,6 +296,18 @@ K3_KERNEL void mla_decode_asm_schedule(const int* seq_lens, int64_t sl_s, int ba
       e[3] = static_cast<int>(n);
     }
   }
+  // The totals are block-uniform; each check records at most once (the first CAS wins).
+  const bool ok = k3::block_all(err, lens_ok) && k3::count_ok(err, k3::kCheckMlaDecodeTokens, carry_tokens / head_groups, plan_tokens) &&
+                  k3::count_ok(err, k3::kCheckMlaDecodeItems, carry_items, n_items) &&
+                  k3::count_ok(err, k3::kCheckMlaDecodeSplits, carry_reduce, n_reduce);
+  if (!ok) {
+    for (int64_t u = tid; u <= cus; u += kScheduleThreads) cu_indptr[u] = 0;
+    for (int64_t e = tid; e < n_reduce; e += kScheduleThreads) {
+      int* r = reduce + 4 * e;
+      r[0] = r[1] = r[2] = r[3] = 0;
+    }
+    return;
+  }
   // Units past the work (and the end marker) point at the end of the item list.
   const int64_t used = (carry_tokens + quota - 1) / quota;
   for (int64_t u = used + tid; u <= cus; u += kScheduleThreads) cu_indptr[u] = static_cast<int>(carry_items);
@@ -256,12 +316,14 @@ K3_EXPORT(mla_decode_asm_schedule);
 
 // Asm style, persistent: one block per compute unit walks its items (from the schedule in the
 // workspace), each over all of its row tiles.
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale) {
-  asm_body<false>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale,
+                                                   float out_scale, k3::ErrorRecord* err) {
+  asm_body<false>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_asm);
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale) {
-  asm_body<true>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr,
+                                                       float score_scale, float out_scale, k3::ErrorRecord* err) {
+  asm_body<true>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_asm_mma);
 
@@ -318,17 +380,21 @@ K3_EXPORT(mla_decode_reduce);
 
 // Ragged absorbed prefill: grid (row tiles, head groups, batch). Sequence b's queries are rows
 // cu_q[b] .. cu_q[b+1] of q; its block (row tile rt of q_len_b x gh rows) attends to all of the
-// sequence's seq_len keys, causally from position seq_len - q_len_b when `causal`.
+// sequence's seq_len keys, causally from position seq_len - q_len_b when `causal`. Checked per
+// block: cu_q[b] in [0, total_q], cu_q[b+1] in [cu_q[b], min(total_q, cu_q[b] + max_q)] (the
+// grid covers max_q queries), seq_len in [causal ? q_len_b : 0, bt_cols * page_size] and the
+// block-table entries of its keys.
 #define MLA_PREFILL_ABSORBED_PARAMS                                                                              \
   const void *q, int q_dt, int64_t q_st, int64_t q_sh, const uint8_t *cache, int64_t page_stride,              \
       int64_t row_stride, int page_size, int kind, int fnuz, int latent, int rope, const int *block_table,    \
-      int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, const int *cu_q, int64_t cu_s, void *out, \
-      int out_dt, int64_t o_st, int64_t o_sh, float *lse, int64_t l_st, int64_t l_sh, int heads, int causal,   \
-      float score_scale, float out_scale
+      int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, int num_pages, int bt_cols,             \
+      const int *cu_q, int64_t cu_s, int total_q, int max_q, void *out, int out_dt, int64_t o_st, int64_t o_sh, \
+      float *lse, int64_t l_st, int64_t l_sh, int heads, int causal, float score_scale, float out_scale,       \
+      k3::ErrorRecord *err
 #define MLA_PREFILL_ABSORBED_ARGS                                                                             \
   q, q_dt, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table, bt_sb, \
-      bt_sp, seq_lens, sl_s, cu_q, cu_s, out, out_dt, o_st, o_sh, lse, l_st, l_sh, heads, causal, score_scale,  \
-      out_scale
+      bt_sp, seq_lens, sl_s, num_pages, bt_cols, cu_q, cu_s, total_q, max_q, out, out_dt, o_st, o_sh, lse, l_st,  \
+      l_sh, heads, causal, score_scale, out_scale, err
 
 namespace {
 template <bool kMma>
@@ -336,12 +402,22 @@ K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) {
   const int rt = static_cast<int>(k3::block_idx_x());
   const int g = static_cast<int>(k3::block_idx_y());
   const int b = static_cast<int>(k3::block_idx_z());
-  const int q0 = cu_q[b * cu_s];
-  const int q_rows = cu_q[(b + 1) * cu_s] - q0;
+  const int dev_q0 = cu_q[b * cu_s];
+  const int dev_q1 = cu_q[(b + 1) * cu_s];
+  // Block-uniform: every thread reads the same values.
+  const bool q_ok = k3::index_ok(err, k3::kCheckMlaPrefillAbsorbedCuQ, b, dev_q0, 0, static_cast<int64_t>(total_q) + 1) &&
+                    k3::index_ok(err, k3::kCheckMlaPrefillAbsorbedCuQ, b + 1, dev_q1, dev_q0,
+                                 (total_q - dev_q0 < max_q ? total_q : static_cast<int64_t>(dev_q0) + max_q) + 1);
+  if (!q_ok) return;
+  const int q0 = dev_q0;
+  const int q_rows = dev_q1 - dev_q0;
   const int gh = heads - g * mla::kRows < mla::kRows ? heads - g * mla::kRows : mla::kRows;
   if (rt * mla::kRows >= q_rows * gh) return;  // block-uniform
-  const int seq_len = seq_lens[b * sl_s];
+  const int dev_len = seq_lens[b * sl_s];
+  const bool len_ok = seq_len_ok(err, k3::kCheckMlaPrefillAbsorbedSeqLens, b, dev_len, causal ? q_rows : 0, bt_cols, page_size);
+  const int seq_len = len_ok ? dev_len : 0;
   const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
+  if (!pages_ok(err, k3::kCheckMlaPrefillAbsorbedBlockTable, c, b, len_ok, 0, seq_len, num_pages)) return;  // block-uniform
   const mla::Query qq = {q, q_dt, q0 * q_st, q_st, q_sh};
   mla::Dest d;
   d.out = out;

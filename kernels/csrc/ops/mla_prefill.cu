@@ -22,11 +22,14 @@ constexpr int kPrefillAcc = kPrefillMaxV / kPrefillKeys;
 
 // q [*, heads, dqk], k [*, heads, dqk], v [*, heads, dv] (row / head strides in elements, unit
 // inner stride, one dtype); cu_q / cu_k offsets (cu_k null: self-attention); out [*, heads, dv];
-// lse [*, heads] or null.
+// lse [*, heads] or null. The device offsets are checked per block: sequence b's queries lie in
+// [0, total_q] and number at most max_q (the grid's rows), its keys lie in [0, total_k] and
+// number at least its queries when causal.
 K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill(const void* q, const void* k, const void* v, int in_dt, int64_t q_st, int64_t q_sh,
                            int64_t k_st, int64_t k_sh, int64_t v_st, int64_t v_sh, const void* cu_q, int cu_q_dt,
-                           const void* cu_k, int cu_k_dt, void* out, int out_dt, int64_t o_st, int64_t o_sh,
-                           float* lse, int64_t l_st, int64_t l_sh, int dqk, int dv, int causal, float scale) {
+                           const void* cu_k, int cu_k_dt, int64_t total_q, int64_t total_k, int64_t max_q, void* out,
+                           int out_dt, int64_t o_st, int64_t o_sh, float* lse, int64_t l_st, int64_t l_sh, int dqk, int dv,
+                           int causal, float scale, k3::ErrorRecord* err) {
   const int tile = static_cast<int>(k3::block_idx_x());
   const int h = static_cast<int>(k3::block_idx_y());
   const int b = static_cast<int>(k3::block_idx_z());
@@ -34,11 +37,23 @@ K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill(const void* q, const void* k, co
   const int r = tid / kPrefillKeys;
   const int c = tid % kPrefillKeys;
   const int64_t q0 = k3::load_index(cu_q, cu_q_dt, b);
-  const int64_t lq = k3::load_index(cu_q, cu_q_dt, b + 1) - q0;
-  const void* cuk = cu_k != nullptr ? cu_k : cu_q;
-  const int cuk_dt = cu_k != nullptr ? cu_k_dt : cu_q_dt;
-  const int64_t k0 = k3::load_index(cuk, cuk_dt, b);
-  const int64_t lk = k3::load_index(cuk, cuk_dt, b + 1) - k0;
+  const int64_t q1 = k3::load_index(cu_q, cu_q_dt, b + 1);
+  // Block-uniform (every thread reads the same offsets).
+  if (!k3::index_ok(err, k3::kCheckMlaPrefillCuQ, b, q0, 0, total_q + 1) ||
+      !k3::index_ok(err, k3::kCheckMlaPrefillCuQ, b + 1, q1, q0, (total_q - q0 < max_q ? total_q : q0 + max_q) + 1)) {
+    return;
+  }
+  const int64_t lq = q1 - q0;
+  int64_t k0 = q0, lk = lq;
+  if (cu_k != nullptr) {
+    k0 = k3::load_index(cu_k, cu_k_dt, b);
+    const int64_t k1 = k3::load_index(cu_k, cu_k_dt, b + 1);
+    if (!k3::index_ok(err, k3::kCheckMlaPrefillCuK, b, k0, 0, total_k + 1) ||
+        !k3::index_ok(err, k3::kCheckMlaPrefillCuK, b + 1, k1, causal ? k0 + lq : k0, total_k + 1)) {
+      return;
+    }
+    lk = k1 - k0;
+  }
   const int64_t i0 = static_cast<int64_t>(tile) * kPrefillRows;
   if (i0 >= lq) return;  // block-uniform
   const int64_t rows = lq - i0 < kPrefillRows ? lq - i0 : kPrefillRows;

@@ -12,22 +12,31 @@
 //      rank among the chunk's pairs of its expert comes from the chunk's expert list in shared
 //      memory, its slot is cursor[e] + rank, then the cursors advance by the chunk's counts.
 // Pairs whose id is outside [0, E) (or whose map entry is outside -1..E_local) are invalid input
-// (the CPU reference reports them); here they are dropped like unmapped pairs, so no write ever
-// goes out of bounds.
+// (the CPU reference reports them): phase 2 reports the first one through err (k3/checks.h), and
+// they are dropped like unmapped pairs, so no write ever goes out of bounds.
 #include "k3/compat.h"
 
 namespace {
 
 constexpr int kAlignMaxWarps = 32;
 
-// Local expert of pair p, or -1 when it is dropped (unmapped or invalid).
+// Local expert of pair p, or -1 when it is dropped (unmapped or invalid). Invalid ids and map
+// entries are reported through err (null: not reported).
 K3_DEVICE int align_local_expert(const int* ids, int64_t ids_s0, int64_t ids_s1, int top_k, const int* map,
-                                 int64_t map_s0, int global_experts, int local_experts, int p) {
+                                 int64_t map_s0, int global_experts, int local_experts, int p, k3::ErrorRecord* err) {
   const int id = ids[(p / top_k) * ids_s0 + (p % top_k) * ids_s1];
-  if (map == nullptr) return id >= 0 && id < local_experts ? id : -1;
-  if (id < 0 || id >= global_experts) return -1;
+  const int bound = map == nullptr ? local_experts : global_experts;
+  if (id < 0 || id >= bound) {
+    k3::record_violation(err, k3::kCheckMoeAlignTopkIds, k3::kCheckRange, p, -1, id, 0, bound);
+    return -1;
+  }
+  if (map == nullptr) return id;
   const int e = map[id * map_s0];
-  return e >= 0 && e < local_experts ? e : -1;
+  if (e < -1 || e >= local_experts) {
+    k3::record_violation(err, k3::kCheckMoeAlignExpertMap, k3::kCheckRange, id, -1, e, -1, local_experts);
+    return -1;
+  }
+  return e;
 }
 
 }  // namespace
@@ -37,7 +46,7 @@ K3_DEVICE int align_local_expert(const int* ids, int64_t ids_s0, int64_t ids_s1,
 K3_KERNEL void moe_align_block_size(const int* topk_ids, int64_t ids_s0, int64_t ids_s1, const int* expert_map,
                                     int64_t map_s0, int* sorted, int64_t sorted_s0, int* expert_ids, int64_t eid_s0,
                                     int* num_post_padded, int* ws, int tokens, int top_k, int global_experts,
-                                    int experts, int block_m, int max_padded) {
+                                    int experts, int block_m, int max_padded, k3::ErrorRecord* err) {
   K3_SHARED(int, warp_total, [kAlignMaxWarps]);
   int* chunk_expert = k3::dynamic_shared<int>();
   const int tid = static_cast<int>(k3::thread_idx_x());
@@ -54,7 +63,7 @@ K3_KERNEL void moe_align_block_size(const int* topk_ids, int64_t ids_s0, int64_t
 
   // 2.
   for (int p = tid; p < pairs; p += nthreads) {
-    const int e = align_local_expert(topk_ids, ids_s0, ids_s1, top_k, expert_map, map_s0, global_experts, experts, p);
+    const int e = align_local_expert(topk_ids, ids_s0, ids_s1, top_k, expert_map, map_s0, global_experts, experts, p, err);
     if (e >= 0) k3::atomic_add(&ws[e], 1);
   }
   k3::sync_threads();
@@ -94,7 +103,8 @@ K3_KERNEL void moe_align_block_size(const int* topk_ids, int64_t ids_s0, int64_t
   for (int base = 0; base < pairs; base += nthreads) {
     const int p = base + tid;
     const int e = p < pairs
-                      ? align_local_expert(topk_ids, ids_s0, ids_s1, top_k, expert_map, map_s0, global_experts, experts, p)
+                      ? align_local_expert(topk_ids, ids_s0, ids_s1, top_k, expert_map, map_s0, global_experts, experts, p,
+                                           nullptr)
                       : -1;
     chunk_expert[tid] = e;
     k3::sync_threads();

@@ -16,6 +16,13 @@
 // pair's router weight; one rounding to the output dtype. Rows of pairs no block serves are
 // zeroed beforehand by moe_gemm_zero_rows.
 //
+// The align outputs are device data and are checked (k3/checks.h) where they are read: once per
+// block num_tokens_post_padded (a multiple of block_m in [0, max_padded]) and the block's expert
+// id (in [-1, experts)), once per row its sorted token id (in [0, pairs], pairs = the padding
+// sentinel). A bad block is skipped, a bad row treated as padding, and the first one reported.
+// A pair listed twice is not looked for (two blocks then write its row; the CPU reference
+// rejects it).
+//
 // moe_gemm_grouped_mma (bf16 input, bf16 or MXFP4 weights: every operand is exact in bf16, and
 // the MXFP8 round trip of a bf16 row stays on bf16's grid): 4 warps in a 2x2 grid, row chunks
 // of kMmaRM = 64 pairs, each warp owning 32 rows x 32 columns of the gate (and up) outputs as
@@ -86,22 +93,39 @@ K3_DEVICE float moe_mxfp8_round_trip(float v) {
 }
 
 // The expert of M-block `blk`, or -1 when the block lies past num_tokens_post_padded or has no
-// expert (-1 from an expert map, or an id out of range).
+// expert (-1 from an expert map, or an invalid count or id, reported through err).
 K3_DEVICE int moe_block_expert(int blk, int block_m, const int* num_post_padded, int max_padded,
-                               const int* expert_ids, int64_t eid_s0, int experts) {
-  int used = *num_post_padded;
-  used = used < max_padded ? used : max_padded;
+                               const int* expert_ids, int64_t eid_s0, int experts, k3::ErrorRecord* err) {
+  const int used = *num_post_padded;
+  if (used < 0 || used > max_padded) {
+    k3::record_violation(err, k3::kCheckMoeGemmPostPadded, k3::kCheckRange, 0, -1, used, 0, static_cast<int64_t>(max_padded) + 1);
+    return -1;
+  }
+  if (used % block_m != 0) {
+    k3::record_violation(err, k3::kCheckMoeGemmPostPadded, k3::kCheckMultiple, 0, -1, used, block_m, 0);
+    return -1;
+  }
   if (blk * block_m >= used) return -1;
   const int e = expert_ids[blk * eid_s0];
-  return e >= 0 && e < experts ? e : -1;
+  if (e < -1 || e >= experts) {
+    k3::record_violation(err, k3::kCheckMoeGemmExpertIds, k3::kCheckRange, blk, -1, e, -1, experts);
+    return -1;
+  }
+  return e;
 }
 
-// The pair of row `row` of M-block `blk`; -1 for the padding sentinel, an invalid entry, or a
-// row past the block.
-K3_DEVICE int moe_row_pair(const int* sorted, int64_t sorted_s0, int blk, int block_m, int row, int pairs) {
+// The pair of row `row` of M-block `blk`; -1 for the padding sentinel, a row past the block, or
+// an entry outside [0, pairs] (reported through err).
+K3_DEVICE int moe_row_pair(const int* sorted, int64_t sorted_s0, int blk, int block_m, int row, int pairs,
+                           k3::ErrorRecord* err) {
   if (row >= block_m) return -1;
-  const int p = sorted[(static_cast<int64_t>(blk) * block_m + row) * sorted_s0];
-  return p >= 0 && p < pairs ? p : -1;
+  const int64_t i = static_cast<int64_t>(blk) * block_m + row;
+  const int p = sorted[i * sorted_s0];
+  if (p < 0 || p > pairs) {
+    k3::record_violation(err, k3::kCheckMoeGemmSortedTokenIds, k3::kCheckRange, i, -1, p, 0, static_cast<int64_t>(pairs) + 1);
+    return -1;
+  }
+  return p < pairs ? p : -1;
 }
 
 }  // namespace
@@ -112,7 +136,8 @@ K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int
                                 const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
                                 const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out, int out_dt,
                                 int64_t out_s0, int64_t out_s1, int pairs, int top_k, int experts, int block_m, int k,
-                                int n, int max_padded, int gate_up, float beta, float linear_beta, int mxfp8) {
+                                int n, int max_padded, int gate_up, float beta, float linear_beta, int mxfp8,
+                                k3::ErrorRecord* err) {
   K3_SHARED(float, a_tile, [kMoeRM][kMoeBK + 1]);
   K3_SHARED(float, w_tile, [2 * kMoeBN][kMoeBK + 1]);
   K3_SHARED(int, row_pair, [kMoeRM]);
@@ -120,14 +145,14 @@ K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int blk = static_cast<int>(k3::block_idx_x());
   const int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN;
-  const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts);
+  const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
   if (e < 0) return;
 
   const int col = tid % kMoeBN;
   const int row0 = tid / kMoeBN;
   const int w_rows = gate_up ? 2 * kMoeBN : kMoeBN;
   for (int m0 = 0; m0 < block_m; m0 += kMoeRM) {
-    if (tid < kMoeRM) row_pair[tid] = moe_row_pair(sorted, sorted_s0, blk, block_m, m0 + tid, pairs);
+    if (tid < kMoeRM) row_pair[tid] = moe_row_pair(sorted, sorted_s0, blk, block_m, m0 + tid, pairs, err);
     k3::sync_threads();
     if (row_pair[0] < 0) break;  // runs are packed: the rest of the block is padding
 
@@ -223,7 +248,7 @@ K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s
                                   int64_t eid_s0, const int* num_post_padded, const float* topk_weights,
                                   int64_t tw_s0, int64_t tw_s1, void* out, int out_dt, int64_t out_s0,
                                   int64_t out_s1, int pairs, int top_k, int experts, int block_m, int k, int n,
-                                  int max_padded, float beta, float linear_beta, int mxfp8) {
+                                  int max_padded, float beta, float linear_beta, int mxfp8, k3::ErrorRecord* err) {
   using namespace k3::mma;
   static_assert(S::M == 16, "row groups of 16 are fragment rows");
   constexpr int kFragsM = kMmaWarpTile / S::M;
@@ -237,7 +262,7 @@ K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s
   const int threads = static_cast<int>(k3::block_dim_x());
   const int blk = static_cast<int>(k3::block_idx_x());
   const int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN;
-  const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts);
+  const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
   if (e < 0) return;
 
   const int warp = static_cast<int>(k3::warp_id());
@@ -253,7 +278,7 @@ K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s
   const uint8_t* w_mx = static_cast<const uint8_t*>(weight);
 
   for (int m0 = 0; m0 < block_m; m0 += kMmaRM) {
-    if (tid < kMmaRM) row_pair[tid] = moe_row_pair(sorted, sorted_s0, blk, block_m, m0 + tid, pairs);
+    if (tid < kMmaRM) row_pair[tid] = moe_row_pair(sorted, sorted_s0, blk, block_m, m0 + tid, pairs, err);
     k3::sync_threads();
     // Which 16-row groups of the chunk hold a pair: fragments of empty groups are neither
     // multiplied nor stored, and an empty chunk is skipped (the same value in every thread).
@@ -394,19 +419,19 @@ K3_KERNEL void moe_gemm_grouped_mma(const void* input, int in_dt, int64_t in_s0,
                                     const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out, int out_dt,
                                     int64_t out_s0, int64_t out_s1, int pairs, int top_k, int experts, int block_m,
                                     int k, int n, int max_padded, int gate_up, float beta, float linear_beta,
-                                    int mxfp8) {
+                                    int mxfp8, k3::ErrorRecord* err) {
   (void)in_dt;
   (void)w_dt;
   if (gate_up) {
     moe_gemm_mma_block<k3::mma::Bf16Shape, true>(input, in_s0, in_s1, weight, w_s0, w_s1, w_s2, scale, sc_s0, sc_s1,
                                                  sc_s2, sorted, sorted_s0, expert_ids, eid_s0, num_post_padded,
                                                  topk_weights, tw_s0, tw_s1, out, out_dt, out_s0, out_s1, pairs,
-                                                 top_k, experts, block_m, k, n, max_padded, beta, linear_beta, mxfp8);
+                                                 top_k, experts, block_m, k, n, max_padded, beta, linear_beta, mxfp8, err);
   } else {
     moe_gemm_mma_block<k3::mma::Bf16Shape, false>(input, in_s0, in_s1, weight, w_s0, w_s1, w_s2, scale, sc_s0, sc_s1,
                                                   sc_s2, sorted, sorted_s0, expert_ids, eid_s0, num_post_padded,
                                                   topk_weights, tw_s0, tw_s1, out, out_dt, out_s0, out_s1, pairs,
-                                                  top_k, experts, block_m, k, n, max_padded, beta, linear_beta, mxfp8);
+                                                  top_k, experts, block_m, k, n, max_padded, beta, linear_beta, mxfp8, err);
   }
 }
 K3_EXPORT(moe_gemm_grouped_mma);

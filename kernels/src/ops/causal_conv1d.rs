@@ -48,10 +48,11 @@ impl<R: Runtime> CausalConv1d for GpuBackend<R> {
         check_workspace(self, ws.as_deref(), CausalConv1d::workspace_size(self, plan))?;
         CausalConv1d::supports(self, &plan.params)?;
         let p = &plan.params;
-        if plan.num_seqs == 0 || plan.max_seqlen == 0 {
-            return Ok(()); // no tokens: no output rows, every state unchanged
+        if plan.num_seqs == 0 {
+            return Ok(()); // no sequences: no metadata to read
         }
-        let chunks = plan.max_seqlen.div_ceil(CHUNK_LEN);
+        // At least one chunk: a batch of empty sequences still has its device metadata checked.
+        let chunks = plan.max_seqlen.div_ceil(CHUNK_LEN).max(1);
         let blocks_x = plan
             .num_seqs
             .checked_mul(chunks)
@@ -85,6 +86,8 @@ impl<R: Runtime> CausalConv1d for GpuBackend<R> {
         arg(&mut a, plan.total_tokens as i64);
         arg(&mut a, CHUNK_LEN as i32);
         arg(&mut a, to_i32("chunks", chunks)?);
+        arg(&mut a, to_i32("cu_seqlens", plan.num_seqs)?);
+        self.push_checks(&mut a, stream)?;
         let grid = Dim3::new(blocks_x as u32, p.dim.div_ceil(THREADS as usize) as u32, 1);
         self.launch("causal_conv1d_varlen_fwd", LaunchConfig::new(grid, THREADS, 0), &mut a, stream)
     }

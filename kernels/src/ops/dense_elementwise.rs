@@ -120,6 +120,7 @@ impl<R: Runtime> EmbeddingGather for GpuBackend<R> {
         arg(&mut a, p.m as i64);
         arg(&mut a, to_i32("params.d", p.d)?);
         arg(&mut a, p.vocab as i64);
+        self.push_checks(&mut a, stream)?;
         self.launch("dense_embedding_gather", cfg(p.m * p.d), &mut a, stream)
     }
 }

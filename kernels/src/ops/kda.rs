@@ -144,8 +144,8 @@ impl<R: Runtime> KdaPrefill for GpuBackend<R> {
         KdaPrefill::supports(self, &plan.params)?;
         let p = &plan.params;
         let n = plan.num_seqs;
-        let touches_pool = args.state.is_some() && p.uses_state_pool();
-        if n == 0 || (plan.tokens == 0 && !touches_pool) {
+        // A batch of empty sequences still runs the schedule: it checks the device metadata.
+        if n == 0 {
             return Ok(());
         }
         let ws = ws.ok_or_else(|| Error::invalid("workspace", "a batch with sequences needs the plan's workspace"))?;
@@ -178,6 +178,9 @@ impl<R: Runtime> KdaPrefill for GpuBackend<R> {
         arg(&mut a, chunk);
         arg(&mut a, desc);
         arg(&mut a, seq_base);
+        arg(&mut a, plan.tokens as i64);
+        arg(&mut a, chunks);
+        self.push_checks(&mut a, stream)?;
         self.launch("kda_prefill_schedule", LaunchConfig::new(1u32, SCHEDULE_THREADS, 0), &mut a, stream)?;
 
         // K1: prepare, one block per (chunk, head).
@@ -240,6 +243,8 @@ impl<R: Runtime> KdaPrefill for GpuBackend<R> {
         arg(&mut a, (p.state_layout == KdaStateLayout::VMajor) as i32);
         arg(&mut a, p.read_initial_state as i32);
         arg(&mut a, p.write_final_state as i32);
+        arg(&mut a, i32::try_from(p.state_slots).unwrap_or(i32::MAX));
+        self.push_checks(&mut a, stream)?;
         let grid = (splits as u32, heads as u32, n as u32);
         let cfg = LaunchConfig::new(grid, RECURRENCE_THREADS, recurrence_shared(p, vb) as u32);
         self.launch("kda_prefill_recurrence", cfg, &mut a, stream)

@@ -132,6 +132,8 @@ impl<R: Runtime> KdaDecode for GpuBackend<R> {
         arg(&mut a, p.effective_scale());
         arg(&mut a, i32::from(gated));
         arg(&mut a, eps);
+        arg(&mut a, to_i32("params.batch", p.batch)?);
+        self.push_checks(&mut a, stream)?;
         let blocks = p.batch.checked_mul(p.heads).unwrap_or(usize::MAX);
         let blocks = to_i32("params.batch x params.heads", blocks)? as u32;
         let smem = shared_bytes(p).unwrap_or(usize::MAX);

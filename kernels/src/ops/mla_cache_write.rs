@@ -1,4 +1,5 @@
-//! Launcher of the MLA cache write (`csrc/ops/mla_cache_write.cu`): one block per token.
+//! Launcher of the MLA cache write (`csrc/ops/mla_cache_write.cu`): one block per token; the
+//! kernel bounds each device slot by the cache's `num_pages x page_size` slots.
 
 use super::mla_format::{format_codes, ByteLayout};
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
@@ -35,6 +36,7 @@ impl<R: Runtime> MlaCacheWrite for GpuBackend<R> {
         arg(&mut a, cache.page_stride);
         arg(&mut a, cache.row_stride);
         arg(&mut a, to_i32("params.page_size", p.page_size)?);
+        arg(&mut a, to_i32("params.num_pages", p.num_pages)?);
         arg(&mut a, to_i32("slot_mapping", n)?);
         arg(&mut a, kind);
         arg(&mut a, fnuz);
@@ -42,6 +44,7 @@ impl<R: Runtime> MlaCacheWrite for GpuBackend<R> {
         arg(&mut a, to_i32("params.dims.rope", p.dims.rope)?);
         // The same f32 reciprocal as kv_cache::encode_token (one rounding, on the host).
         arg(&mut a, 1.0f32 / p.kv_scale);
+        self.push_checks(&mut a, stream)?;
         let grid = n.min(65_535) as u32;
         self.launch("mla_cache_write", LaunchConfig::new(grid, THREADS, 0), &mut a, stream)
     }

@@ -76,7 +76,9 @@ fn grid_dim(field: &str, n: usize) -> Result<u32> {
 }
 
 impl<R: Runtime> GpuBackend<R> {
-    /// Cache, block table and sequence lengths, in the order every attention kernel takes them.
+    /// Cache, block table and sequence lengths, then the bounds the kernels check the device
+    /// metadata against (pages in the cache, block-table columns), in the order every attention
+    /// kernel takes them.
     fn push_cache(&self, a: &mut KernelArgs, c: &MlaPagedCache, cache: &TensorRef<'_, Self>, table: &TensorRef<'_, Self>, lens: &TensorRef<'_, Self>) -> Result<()> {
         let (kind, fnuz) = format_codes(c.format);
         let bl = ByteLayout::of(&cache.layout);
@@ -93,6 +95,8 @@ impl<R: Runtime> GpuBackend<R> {
         arg(a, table.layout.strides[1] as i64);
         arg(a, self.ptr(lens.buf, &lens.layout));
         arg(a, lens.layout.strides[0] as i64);
+        arg(a, to_i32("params.cache.num_pages", c.num_pages)?);
+        arg(a, to_i32("max_pages_per_seq", table.layout.shape[1])?);
         Ok(())
     }
 
@@ -161,6 +165,7 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                 arg(&mut a, to_i32("params.splits", s.num_splits)?);
                 arg(&mut a, score_scale);
                 arg(&mut a, out_scale);
+                self.push_checks(&mut a, stream)?;
                 let grid = (batch, grid_dim("params.heads x params.q_len", plan.head_groups * q_len)?, grid_dim("params.splits", s.num_splits)?);
                 self.launch(&format!("mla_decode_gluon{suffix}"), LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)?;
                 if s.num_splits > 1 {
@@ -187,6 +192,10 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                 arg(&mut a, self.ws_ptr(ws, items));
                 arg(&mut a, self.ws_ptr(ws, cu_indptr));
                 arg(&mut a, self.ws_ptr(ws, reduce_map));
+                arg(&mut a, to_i32("params.q_len", q_len)?);
+                arg(&mut a, (plan.max_pages_per_seq as i64).saturating_mul(p.cache.page_size as i64));
+                arg(&mut a, plan.seq_lens.iter().map(|&l| l as i64).sum::<i64>());
+                self.push_checks(&mut a, stream)?;
                 self.launch("mla_decode_asm_schedule", LaunchConfig::new(1u32, SCHEDULE_THREADS, 0), &mut a, stream)?;
 
                 let mut a = KernelArgs::new();
@@ -195,6 +204,7 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                 arg(&mut a, self.ws_ptr(ws, cu_indptr));
                 arg(&mut a, score_scale);
                 arg(&mut a, out_scale);
+                self.push_checks(&mut a, stream)?;
                 self.launch(&format!("mla_decode_asm{suffix}"), LaunchConfig::new(cus as u32, BLOCK, smem), &mut a, stream)?;
                 if !s.reduce.is_empty() {
                     let mut a = KernelArgs::new();
@@ -236,8 +246,9 @@ impl<R: Runtime> MlaPrefillAbsorbed for GpuBackend<R> {
         MlaPrefillAbsorbed::supports(self, &plan.params)?;
         let p = &plan.params;
         let max_q = plan.cu_seqlens_q.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
-        let row_tiles = (max_q * p.heads.min(HEAD_GROUP)).div_ceil(ROWS);
-        if plan.batch == 0 || row_tiles == 0 {
+        // At least one row tile: a batch without queries still has its device metadata checked.
+        let row_tiles = (max_q * p.heads.min(HEAD_GROUP)).div_ceil(ROWS).max(1);
+        if plan.batch == 0 {
             return Ok(());
         }
         let (score_scale, out_scale) = scales(&p.cache, p.softmax_scale);
@@ -250,11 +261,14 @@ impl<R: Runtime> MlaPrefillAbsorbed for GpuBackend<R> {
         self.push_cache(&mut a, &p.cache, &args.kv_cache, &args.block_table, &args.seq_lens)?;
         arg(&mut a, self.ptr(args.cu_seqlens_q.buf, &args.cu_seqlens_q.layout));
         arg(&mut a, args.cu_seqlens_q.layout.strides[0] as i64);
+        arg(&mut a, to_i32("q", args.q.layout.shape[0])?);
+        arg(&mut a, to_i32("cu_seqlens_q", max_q)?);
         self.push_out(&mut a, &*args.out.buf, &args.out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
         arg(&mut a, to_i32("params.heads", p.heads)?);
         arg(&mut a, i32::from(p.causal));
         arg(&mut a, score_scale);
         arg(&mut a, out_scale);
+        self.push_checks(&mut a, stream)?;
         let grid = (
             to_i32("query row tiles", row_tiles)? as u32,
             grid_dim("params.heads", plan.head_groups)?,

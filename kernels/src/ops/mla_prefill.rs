@@ -35,7 +35,7 @@ impl<R: Runtime> MlaPrefill for GpuBackend<R> {
         check_workspace(self, ws.as_deref(), MlaPrefill::workspace_size(self, plan))?;
         MlaPrefill::supports(self, &plan.params)?;
         let p = &plan.params;
-        if plan.batch_size == 0 || plan.max_seqlen_q == 0 {
+        if plan.batch_size == 0 {
             return Ok(());
         }
         if plan.batch_size > MAX_GRID_YZ {
@@ -54,6 +54,9 @@ impl<R: Runtime> MlaPrefill for GpuBackend<R> {
         arg(&mut a, self.ptr(args.cu_seqlens.buf, &args.cu_seqlens.layout));
         arg(&mut a, dtype_code(args.cu_seqlens.layout.dtype));
         self.push_opt_typed(&mut a, args.cu_seqlens_k.as_ref().map(TensorRef::parts), 0);
+        arg(&mut a, q.shape[0] as i64);
+        arg(&mut a, k.shape[0] as i64);
+        arg(&mut a, plan.max_seqlen_q as i64);
         let out = &args.out.layout;
         arg(&mut a, self.ptr(&*args.out.buf, out));
         arg(&mut a, dtype_code(out.dtype));
@@ -64,7 +67,9 @@ impl<R: Runtime> MlaPrefill for GpuBackend<R> {
         arg(&mut a, to_i32("params.v_dim", p.v_dim)?);
         arg(&mut a, i32::from(p.causal));
         arg(&mut a, p.softmax_scale);
-        let tiles = to_i32("max_seqlen_q", plan.max_seqlen_q.div_ceil(ROWS))? as u32;
+        self.push_checks(&mut a, stream)?;
+        // At least one tile: a batch without queries still has its device metadata checked.
+        let tiles = to_i32("max_seqlen_q", plan.max_seqlen_q.div_ceil(ROWS).max(1))? as u32;
         let grid = (tiles, p.heads as u32, plan.batch_size as u32);
         self.launch("mla_prefill", LaunchConfig::new(grid, (ROWS * KEYS) as u32, shared_bytes(p).unwrap_or(0) as u32), &mut a, stream)
     }

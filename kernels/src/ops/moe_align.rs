@@ -42,6 +42,7 @@ impl<R: Runtime> MoeAlign for GpuBackend<R> {
         arg(&mut a, to_i32("params.routing.experts", r.experts)?);
         arg(&mut a, to_i32("params.routing.block_m", r.block_m)?);
         arg(&mut a, to_i32("max_padded", plan.max_padded)?);
+        self.push_checks(&mut a, stream)?;
         let cfg = LaunchConfig::new(1u32, THREADS, THREADS * 4);
         self.launch("moe_align_block_size", cfg, &mut a, stream)
     }

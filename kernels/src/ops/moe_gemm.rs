@@ -116,6 +116,7 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         arg(&mut a, beta);
         arg(&mut a, linear_beta);
         arg(&mut a, i32::from(p.activation_quant == Some(MoeActivationQuant::Mxfp8)));
+        self.push_checks(&mut a, stream)?;
         let grid = (
             u32::try_from(plan.num_blocks).map_err(|_| Error::unsupported("params.routing", "too many M-blocks"))?,
             p.n.div_ceil(TILE_N) as u32,

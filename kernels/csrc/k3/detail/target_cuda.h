@@ -84,6 +84,8 @@ K3_DEVICE int atomic_add(int* p, int v) { return atomicAdd(p, v); }
 K3_DEVICE unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 K3_DEVICE float atomic_add(float* p, float v) { return atomicAdd(p, v); }
 K3_DEVICE int atomic_max(int* p, int v) { return atomicMax(p, v); }
+// Stores desired if *p == expected; returns the old value.
+K3_DEVICE int atomic_cas(int* p, int expected, int desired) { return atomicCAS(p, expected, desired); }
 K3_DEVICE void thread_fence() { __threadfence(); }
 
 template <class T>

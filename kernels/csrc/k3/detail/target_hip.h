@@ -119,6 +119,11 @@ K3_DEVICE unsigned atomic_add(unsigned* p, unsigned v) {
 }
 K3_DEVICE float atomic_add(float* p, float v) { return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
 K3_DEVICE int atomic_max(int* p, int v) { return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
+// Stores desired if *p == expected; returns the old value.
+K3_DEVICE int atomic_cas(int* p, int expected, int desired) {
+  __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_RELAXED, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+  return expected;
+}
 K3_DEVICE void thread_fence() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
 
 template <class T>

@@ -167,6 +167,11 @@ K3_DEVICE int atomic_max(int* p, int v) {
   }
   return old;
 }
+// Stores desired if *p == expected; returns the old value.
+K3_DEVICE int atomic_cas(int* p, int expected, int desired) {
+  __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return expected;
+}
 K3_DEVICE void thread_fence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 template <class T>

@@ -1,0 +1,6 @@
+//! The bad-input suite for device metadata on the ROCm backend, when a HIP device answers
+//! (otherwise every test prints `skipped: <reason>`): each malformed block table, slot mapping,
+//! cu_seqlens, state index, expert id, ... must come back as a typed error from the kernels'
+//! checks.
+
+kernel_api::bad_input_suite!(k3_backend_rocm::rocm_backend(0));
