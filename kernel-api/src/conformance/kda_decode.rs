@@ -7,7 +7,7 @@ use super::conv1d::{
     download_bytes, download_view, field_of, layout_in_order, row_strided, silu64, upload_i64, upload_view,
 };
 use super::{round_through, TestRng};
-use crate::backend::{Backend, DeviceTensor};
+use crate::backend::{Backend, BackendExt, DeviceTensor};
 use crate::dtype::DType;
 use crate::ops::{
     CausalConv1d, CausalConv1dArgs, CausalConv1dBatch, CausalConv1dParams, ConvActivation, HostIndices, KdaDecode,
@@ -419,7 +419,8 @@ fn run_step<B: Backend + KdaDecode>(
         norm_weight: normed.then(|| norm_w.as_ref()),
         out: out.as_mut(),
     };
-    KdaDecode::run(b, &plan, args, None, b.default_stream()).expect("run");
+    let mut ws = b.workspace(KdaDecode::workspace_size(b, &plan)).expect("workspace");
+    KdaDecode::run(b, &plan, args, ws.as_mut(), b.default_stream()).expect("run");
     download_view(b, &out)
 }
 
