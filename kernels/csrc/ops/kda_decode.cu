@@ -38,7 +38,6 @@ constexpr int kThreads = 128;
 constexpr int kGroup = 4;                    // lanes per value column (a power of two <= any warp)
 constexpr int kChunk = kThreads / kGroup;    // value columns per shared-memory tile
 constexpr int kTileStride = kChunk + 1;      // padded tile row: column reads hit distinct banks
-constexpr int kMaxWidth = 8;                 // conv taps held in registers
 constexpr int kWarps = kThreads / k3::kWarpSize;
 constexpr int kGateLowerBound = 0, kGateSoftplus = 1;  // else: precomputed
 // V-split: each thread holds kSplitRows rows (k = kl, kl + kSplitLanes) of one 4-column vector.
@@ -105,18 +104,18 @@ KDA_DECODE_INLINE K3_DEVICE KdaDecodeHeadScalars kda_decode_head_inputs(
   for (int e = tid; e < 2 * K + V; e += kThreads) {
     const int c = e < K ? h * K + e : (e < 2 * K ? HK + h * K + (e - K) : 2 * HK + h * V + (e - 2 * K));
     const int64_t cs = slot * cs_s0 + c * cs_s1;
-    float win[kMaxWidth];
-    for (int j = 0; j < kMaxWidth - 1; ++j) win[j] = j < hist ? k3::load_f32(conv_state, cs_dt, cs + j * cs_s2) : 0.0f;
-    const float xv = k3::load_f32(x, x_dt, b * x_s0 + c);
+    // One tap at a time, each history value moved one place down right after it is read (a
+    // rolled loop: the register window of an unrolled one spilled SGPRs on AMD).
     float acc = 0.0f;
-    for (int j = 0; j < kMaxWidth - 1; ++j) {
-      if (j < hist) acc += conv_w[c * cw_s0 + j * cw_s1] * win[j];
+    for (int j = 0; j < hist; ++j) {
+      const float hj = k3::load_f32(conv_state, cs_dt, cs + j * cs_s2);
+      acc += conv_w[c * cw_s0 + j * cw_s1] * hj;
+      if (j > 0) k3::store_f32(conv_state, cs_dt, cs + (j - 1) * cs_s2, hj);
     }
+    const float xv = k3::load_f32(x, x_dt, b * x_s0 + c);
     acc += conv_w[c * cw_s0 + hist * cw_s1] * xv;
+    if (hist > 0) k3::store_f32(conv_state, cs_dt, cs + (hist - 1) * cs_s2, xv);
     u[e] = acc * k3::sigmoid_f32(acc);
-    for (int j = 0; j < kMaxWidth - 1; ++j) {
-      if (j < hist) k3::store_f32(conv_state, cs_dt, cs + j * cs_s2, j + 1 < hist ? win[j + 1] : xv);
-    }
   }
   // 2. Decay gate.
   const float a_exp = gate_mode == kGateLowerBound || gate_mode == kGateSoftplus ? k3::exp_f32(a_log[h * al_s0]) : 0.0f;

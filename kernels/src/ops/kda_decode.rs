@@ -23,8 +23,6 @@ use kernel_api::{Backend, DType, Result, TensorRef};
 const THREADS: u32 = 128;
 /// Value columns per shared tile (`kThreads / kGroup`).
 const CHUNK: usize = 32;
-/// Conv taps the kernel keeps in registers (`kMaxWidth`).
-const MAX_WIDTH: usize = 8;
 /// Static shared memory of the kernel (three reduction buffers of at most 4 warps), rounded up.
 const STATIC_SHARED: usize = 64;
 /// V-split: k lanes per 4-column vector (`kSplitLanes`), largest K (`kSplitLanes · kSplitRows`), column
@@ -72,7 +70,6 @@ fn shared_bytes(p: &KdaDecodeParams) -> Option<usize> {
 impl<R: Runtime> KdaDecode for GpuBackend<R> {
     fn supports(&self, p: &KdaDecodeParams) -> Result<()> {
         let mut r = Reasons::new();
-        r.require(p.conv_width <= MAX_WIDTH, "params.conv_width", format!("the kernel holds at most {MAX_WIDTH} taps"));
         let fits = |v: Option<usize>| v.is_some_and(|v| i32::try_from(v).is_ok());
         // Checked here (not through `channels()`): supports may see params no plan validated.
         let channels =
