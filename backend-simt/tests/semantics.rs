@@ -274,3 +274,72 @@ fn conversions_are_bit_exact_against_kernel_api_formats() {
         }
     }
 }
+
+/// The packed conversions of k3/convert_hw.h as the emulator runs them (the reference their
+/// hardware forms are held to): bit-exact with kernel_api::formats for every non-NaN input,
+/// a NaN for a NaN (the bits of a NaN are the target's; see the header).
+#[test]
+fn packed_hardware_conversions_are_bit_exact_on_non_nan_inputs() {
+    use kernel_api::formats::f16;
+    let same = |got: u16, want: u16, nan: bool, what: &str| {
+        if nan {
+            assert!(bf16::from_bits(got).is_nan(), "{what}: {got:#06x} is not a NaN");
+        } else {
+            assert_eq!(got, want, "{what}");
+        }
+    };
+    for warp in WARPS {
+        let rt = rt(warp);
+        // bf16x2 packing: every conversion input as the low element, paired with its negation
+        // (the high element), both rounded independently.
+        let x = conversion_inputs();
+        let pairs: Vec<f32> = x.iter().flat_map(|&v| [v, -v]).collect();
+        let n = x.len();
+        let (xb, ob) = (upload(&rt, &pairs), alloc::<u32>(&rt, n));
+        let mut a = KernelArgs::new();
+        a.push(ptr(&xb)).push(n as i32).push(ptr(&ob));
+        launch(&rt, "convert_hw_pack_bf16x2", LaunchConfig::new(16, 256, 0), &mut a).unwrap();
+        let got = download::<u32>(&rt, &ob);
+        for i in 0..n {
+            let (lo, hi) = (pairs[2 * i], pairs[2 * i + 1]);
+            let what = format!("warp {warp} pack_bf16x2_rn({lo:e}, {hi:e})");
+            same(got[i] as u16, bf16::from_f32(lo).to_bits(), lo.is_nan(), &what);
+            same((got[i] >> 16) as u16, bf16::from_f32(hi).to_bits(), hi.is_nan(), &what);
+        }
+
+        // fp8 pairs: all 65536 in each flavour.
+        let m = 65536usize;
+        let (fb, bb, hb) = (alloc::<f32>(&rt, 3 * 2 * m), alloc::<u32>(&rt, 3 * m), alloc::<u32>(&rt, 3 * m));
+        let mut a = KernelArgs::new();
+        a.push(ptr(&fb)).push(ptr(&bb)).push(ptr(&hb));
+        launch(&rt, "convert_hw_fp8_pairs", LaunchConfig::new(32, 256, 0), &mut a).unwrap();
+        let (gf, gb, gh) = (download::<f32>(&rt, &fb), download::<u32>(&rt, &bb), download::<u32>(&rt, &hb));
+        let decode = |f: usize, c: u8| match f {
+            0 => F8E4M3Fn(c).to_f32(),
+            1 => F8E4M3Fnuz(c).to_f32(),
+            _ => F8E5M2(c).to_f32(),
+        };
+        for f in 0..3 {
+            for c in 0..m {
+                for (half, code) in [(0usize, c as u8), (1, (c >> 8) as u8)] {
+                    let want = decode(f, code);
+                    let what = format!("warp {warp} flavour {f} pair {c:#06x} element {half}");
+                    let g = gf[(f * m + c) * 2 + half];
+                    if want.is_nan() {
+                        assert!(g.is_nan(), "{what}: f32 {g} is not a NaN");
+                    } else {
+                        assert_eq!(g.to_bits(), want.to_bits(), "{what}: f32");
+                    }
+                    same((gb[f * m + c] >> (16 * half)) as u16, bf16::from_f32(want).to_bits(), want.is_nan(), &format!("{what}: bf16"));
+                    let h = (gh[f * m + c] >> (16 * half)) as u16;
+                    if want.is_nan() {
+                        assert!(f16::from_bits(h).is_nan(), "{what}: f16 {h:#06x} is not a NaN");
+                    } else {
+                        assert_eq!(h, f16::from_f32(want).to_bits(), "{what}: f16");
+                        assert_eq!(f16::from_bits(h).to_f32().to_bits(), want.to_bits(), "{what}: f16 is exact");
+                    }
+                }
+            }
+        }
+    }
+}

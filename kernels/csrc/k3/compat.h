@@ -17,7 +17,8 @@
 //   index checks   k3/checks.h: the device error record and the bound checks every kernel
 //                  applies to index data it reads from device memory (see the rule there)
 //   conversions    bf16 <-> f32 (bit-identical to Rust half::bf16), fp8 e4m3fn / e4m3fnuz / e5m2
-//                  encode (round to nearest even, saturating) and decode (k3/convert.h)
+//                  encode (round to nearest even, saturating) and decode (k3/convert.h); packed
+//                  hardware forms for hot loops: bf16x2 packing, fp8x2 -> f32/f16/bf16 (k3/convert_hw.h)
 //   matrix tiles   k3::mma fragments for bf16 MMA with f32 accumulate (k3/mma.h)
 //   trap()         device-side assertion failure
 //
@@ -92,6 +93,7 @@ typedef short int16_t;
 #endif
 
 #include "k3/convert.h"
+#include "k3/convert_hw.h"
 #include "k3/mma.h"
 #include "k3/warp.h"
 #include "k3/math.h"
