@@ -81,8 +81,8 @@ struct KdaDecodeHeadScalars {
   float beta, q_mul, k_mul;
 };
 
-// Inlined on AMD as well: as a call (clang's choice for a helper with two callers) it went
-// through a scratch stack (gfx942: 264 B, 126 scratch loads/stores, 54 AGPRs).
+// Helpers with two callers, inlined on AMD as well: as calls (clang's choice) they went through
+// a scratch stack (kda_decode_head_inputs on gfx942: 264 B, 126 scratch loads/stores, 54 AGPRs).
 #if K3_TARGET_HIP
 #define KDA_DECODE_INLINE __attribute__((always_inline))
 #else
@@ -310,6 +310,21 @@ K3_KERNEL void kda_decode_prepare(
 }
 K3_EXPORT(kda_decode_prepare);
 
+// Four consecutive outputs from element i of `out`; bf16 pairs go through the hardware pack
+// (k3/convert_hw.h) as 32-bit stores when the address allows it, other cases element by element.
+KDA_DECODE_INLINE K3_DEVICE void kda_decode_store4(void* out, int out_dt, int64_t i, k3::f32x4 y) {
+  if (out_dt == k3::kBF16) {
+    uint16_t* p = static_cast<uint16_t*>(out) + i;
+    if ((reinterpret_cast<uint64_t>(p) & 3u) == 0) {
+      uint32_t* q = reinterpret_cast<uint32_t*>(p);
+      q[0] = k3::pack_bf16x2_rn(y.v[0], y.v[1]);
+      q[1] = k3::pack_bf16x2_rn(y.v[2], y.v[3]);
+      return;
+    }
+  }
+  for (int c = 0; c < 4; ++c) k3::store_f32(out, out_dt, i + c, y.v[c]);
+}
+
 // Sum of one 4-column vector's partials over the kSplitLanes k lanes that share it (all threads
 // call it): xor butterflies inside the warp, then a fixed-order sum of the warps' partials.
 // `red` holds kSplitMaxWarps × cv vectors and must not be reused by another sum of the block.
@@ -396,7 +411,7 @@ K3_KERNEL void kda_decode_fused_step(
     k3::store_f32x4(wo + j, qs);
     wo[V + j / 4] = qs.v[0] * qs.v[0] + qs.v[1] * qs.v[1] + qs.v[2] * qs.v[2] + qs.v[3] * qs.v[3];
   } else {
-    for (int c = 0; c < 4; ++c) k3::store_f32(out, out_dt, b * out_s0 + h * out_s1 + j + c, qs.v[c]);
+    kda_decode_store4(out, out_dt, b * out_s0 + h * out_s1 + j, qs);
   }
 }
 K3_EXPORT(kda_decode_fused_step);
@@ -426,12 +441,13 @@ K3_KERNEL void kda_decode_norm(
   }
   const float inv_rms = 1.0f / k3::sqrt_f32(ss / static_cast<float>(V) + norm_eps);
   for (int e = tid; e < V / 4; e += kThreads) {
-    const k3::f32x4 y = k3::load_f32x4(o + 4 * e);
+    k3::f32x4 y = k3::load_f32x4(o + 4 * e);
     for (int c = 0; c < 4; ++c) {
       const int jv = 4 * e + c;
       const float gate = k3::load_f32(out_gate, og_dt, b * og_s0 + h * og_s1 + jv);
-      k3::store_f32(out, out_dt, b * out_s0 + h * out_s1 + jv, norm_w[jv * nw_s0] * y.v[c] * inv_rms * k3::sigmoid_f32(gate));
+      y.v[c] = norm_w[jv * nw_s0] * y.v[c] * inv_rms * k3::sigmoid_f32(gate);
     }
+    kda_decode_store4(out, out_dt, b * out_s0 + h * out_s1 + 4 * e, y);
   }
 }
 K3_EXPORT(kda_decode_norm);
