@@ -490,6 +490,8 @@ pub fn kda_decode_matches_oracle<B: Backend + KdaDecode>(b: &B) {
         ((12, 8, 8, 4), 2, 2),
         ((96, 4, 4, 4), 2, 1),
         ((1, 128, 128, 4), 2, 2),
+        // V/4 = 3 column vectors: GPU V-split blocks with a column vector past V.
+        ((2, 8, 12, 4), 2, 8),
     ];
     let gates = [KdaGateMode::LowerBound { lower_bound: -5.0 }, KdaGateMode::Softplus, KdaGateMode::Precomputed];
     let mut n = 0usize;
