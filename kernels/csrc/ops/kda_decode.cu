@@ -13,11 +13,12 @@
 //
 // Two schedules, chosen by the launcher (kernels/src/ops/kda_decode.rs):
 //
-//  - V-split (f32 state with unit stride along v, K ≤ kSplitLanes·kSplitRows = 128, K and V multiples of 4,
-//    16-byte aligned state rows): three launches sharing a workspace row per (row, head).
+//  - V-split (f32 state with unit stride along v, K ≤ kSplitLanes·kSplitRows = 128, K and V
+//    multiples of 4, 16-byte aligned state rows): three launches sharing a workspace row per
+//    (row, head).
 //    kda_decode_prepare (one block per (row, head)) runs steps 1–3 and writes q̂ = q·scale/‖q‖,
 //    k̂ = k/‖k‖, α, v and β to the row; kda_decode_fused_step runs step 4 on a grid of
-//    (row·head, V / (4·cv)) blocks, each holding a K × 4·cv slice of the state in registers
+//    (row·head, V / (4·vecs)) blocks, each holding a K × 4·vecs slice of the state in registers
 //    (read and written once, in 16-byte vectors); kda_decode_norm runs step 5 from o and the
 //    per-column-vector sums of squares the split blocks left in the row (a fixed-order sum: no
 //    atomics, the result does not depend on the schedule). Without the norm the split blocks
@@ -45,7 +46,7 @@ constexpr int kSplitLanes = 64;                         // k lanes per column ve
 constexpr int kSplitRows = 2;                           // rows per lane
 constexpr int kSplitMaxVecs = 4;                        // column vectors per block (256 threads)
 constexpr int kSplitMaxWarps = kSplitLanes * kSplitMaxVecs / k3::kWarpSize;
-// Workspace row (f32): header [slot bits, β, 0, 0] | q̂ [K] | k̂ [K] | α [K] | v [V] | o [V] |
+// Workspace row (f32): header [slot bits, β, unused, unused] | q̂ [K] | k̂ [K] | α [K] | v [V] | o [V] |
 // Σo² per column vector [V/4], padded to a multiple of 4 (every part starts 16-byte aligned).
 constexpr int kWsHeader = 4;
 }  // namespace kda_decode_fused
