@@ -444,7 +444,8 @@ impl<'a, B: ModelBackend> Ctx<'a, B> {
                 norm_weight: Some(w.o_norm.as_ref()),
                 out: out.as_mut(),
             };
-            kernel_api::ops::KdaDecode::run(self.b, &plan, args, None, self.b.default_stream())?;
+            let mut ws = self.b.workspace(kernel_api::ops::KdaDecode::workspace_size(self.b, &plan))?;
+            kernel_api::ops::KdaDecode::run(self.b, &plan, args, ws.as_mut(), self.b.default_stream())?;
             return ex.gemm(reshaped(&out, &[t, p]), &w.o);
         }
         // Prefill: causal conv over the fused q|k|v projection, then the chunked delta rule.

@@ -7,7 +7,7 @@ use super::conv1d::{
     download_bytes, download_view, field_of, layout_in_order, row_strided, silu64, upload_i64, upload_view,
 };
 use super::{round_through, TestRng};
-use crate::backend::{Backend, DeviceTensor};
+use crate::backend::{Backend, BackendExt, DeviceTensor};
 use crate::dtype::DType;
 use crate::ops::{
     CausalConv1d, CausalConv1dArgs, CausalConv1dBatch, CausalConv1dParams, ConvActivation, HostIndices, KdaDecode,
@@ -419,7 +419,8 @@ fn run_step<B: Backend + KdaDecode>(
         norm_weight: normed.then(|| norm_w.as_ref()),
         out: out.as_mut(),
     };
-    KdaDecode::run(b, &plan, args, None, b.default_stream()).expect("run");
+    let mut ws = b.workspace(KdaDecode::workspace_size(b, &plan)).expect("workspace");
+    KdaDecode::run(b, &plan, args, ws.as_mut(), b.default_stream()).expect("run");
     download_view(b, &out)
 }
 
@@ -489,6 +490,8 @@ pub fn kda_decode_matches_oracle<B: Backend + KdaDecode>(b: &B) {
         ((12, 8, 8, 4), 2, 2),
         ((96, 4, 4, 4), 2, 1),
         ((1, 128, 128, 4), 2, 2),
+        // V/4 = 3 column vectors: GPU V-split blocks with a column vector past V.
+        ((2, 8, 12, 4), 2, 8),
     ];
     let gates = [KdaGateMode::LowerBound { lower_bound: -5.0 }, KdaGateMode::Softplus, KdaGateMode::Precomputed];
     let mut n = 0usize;

@@ -1,5 +1,5 @@
-// Fused KDA decode (kernel-api ops/kda_decode.rs is the spec), after vLLM's fused_kda_decode:
-// one block per (row, head), kda_decode_fused::kThreads threads, f32 math throughout.
+// Fused KDA decode (kernel-api ops/kda_decode.rs is the spec), after vLLM's fused_kda_decode,
+// f32 math throughout. Per (row, head):
 //
 //  1. short conv + SiLU of the head's own channels (q: h·K+i, k: H·K+h·K+i, v: 2·H·K+h·V+j),
 //     shifting those channels of the conv-state slot in place. Head blocks own disjoint
@@ -8,15 +8,30 @@
 //  2. decay gate α_i = exp(g_i) and write strength β;
 //  3. q/k L2 norms as block reductions (warp butterflies, then a fixed-order sum of the warp
 //     partials: the result does not depend on the schedule);
-//  4. the delta rule over the head's K×V state, streamed through shared memory in chunks of
-//     kChunk value columns: a coalesced load (along whichever of k or v is contiguous in
-//     memory) that applies the decay, then kGroup lanes per column reduce kᵀS and qᵀS over k
-//     with xor shuffles, then a coalesced store rounded once to the pool dtype;
+//  4. the delta rule over the head's K×V state: S ← α⊙S, r = v − kᵀS, S ← S + β·k·rᵀ, o = Sᵀq;
 //  5. the gated per-head RMSNorm epilogue (another block reduction).
-// Slot 0 is the null slot: the block writes a zero output row and touches neither pool. The
-// device slot is checked (k3/checks.h): outside [0, slots) it is reported and the block touches
-// neither pool (its output row is left as it was); the head-0 block of a row also looks for its
-// slot in the other rows (two rows on one slot race) and reports a repeat.
+//
+// Two schedules, chosen by the launcher (kernels/src/ops/kda_decode.rs):
+//
+//  - V-split (f32 state with unit stride along v, K ≤ kSplitLanes·kSplitRows = 128, K and V
+//    multiples of 4, 16-byte aligned state rows): three launches sharing a workspace row per
+//    (row, head).
+//    kda_decode_prepare (one block per (row, head)) runs steps 1–3 and writes q̂ = q·scale/‖q‖,
+//    k̂ = k/‖k‖, α, v and β to the row; kda_decode_fused_step runs step 4 on a grid of
+//    (row·head, V / (4·vecs)) blocks, each holding a K × 4·vecs slice of the state in registers
+//    (read and written once, in 16-byte vectors); kda_decode_norm runs step 5 from o and the
+//    per-column-vector sums of squares the split blocks left in the row (a fixed-order sum: no
+//    atomics, the result does not depend on the schedule). Without the norm the split blocks
+//    write the output themselves and kda_decode_norm is not launched.
+//  - kda_decode_generic_step (every other layout and dtype): one block per (row, head) runs all
+//    five steps, streaming the state through shared memory in chunks of kChunk value columns.
+//
+// Slot 0 is the null slot: the output row is zeros and neither pool is touched. The device slot
+// is checked (k3/checks.h): outside [0, slots) it is reported and neither pool is touched (the
+// output row is left as it was); the head-0 block of a row also looks for its slot in the other
+// rows (two rows on one slot race) and reports a repeat. The prepare kernel hands the split and
+// norm kernels slot 0 for a null or rejected row, so they skip it; the split kernel checks the
+// slot it reads from the workspace again before addressing the state with it.
 #include "k3/compat.h"
 
 namespace kda_decode_fused {
@@ -24,9 +39,16 @@ constexpr int kThreads = 128;
 constexpr int kGroup = 4;                    // lanes per value column (a power of two <= any warp)
 constexpr int kChunk = kThreads / kGroup;    // value columns per shared-memory tile
 constexpr int kTileStride = kChunk + 1;      // padded tile row: column reads hit distinct banks
-constexpr int kMaxWidth = 8;                 // conv taps held in registers
 constexpr int kWarps = kThreads / k3::kWarpSize;
 constexpr int kGateLowerBound = 0, kGateSoftplus = 1;  // else: precomputed
+// V-split: each thread holds kSplitRows rows (k = kl, kl + kSplitLanes) of one 4-column vector.
+constexpr int kSplitLanes = 64;                         // k lanes per column vector
+constexpr int kSplitRows = 2;                           // rows per lane
+constexpr int kSplitMaxVecs = 4;                        // column vectors per block (256 threads)
+constexpr int kSplitMaxWarps = kSplitLanes * kSplitMaxVecs / k3::kWarpSize;
+// Workspace row (f32): header [slot bits, β, unused, unused] | q̂ [K] | k̂ [K] | α [K] | v [V] | o [V] |
+// Σo² per column vector [V/4], padded to a multiple of 4 (every part starts 16-byte aligned).
+constexpr int kWsHeader = 4;
 }  // namespace kda_decode_fused
 
 // Sum over the block; every thread gets the same value. `red` holds kWarps floats and must not
@@ -55,7 +77,94 @@ K3_DEVICE float kda_decode_softplus(float x) {
   return u == 1.0f ? e : k3::log_f32(u) * (e / (u - 1.0f));
 }
 
-K3_KERNEL void kda_decode_fused_step(
+// What steps 1–3 leave besides u (q | k | v after conv + SiLU) and α in shared memory.
+struct KdaDecodeHeadScalars {
+  float beta, q_mul, k_mul;
+};
+
+// Helpers with two callers, inlined on AMD as well: as calls (clang's choice) they went through
+// a scratch stack (kda_decode_head_inputs on gfx942: 264 B, 126 scratch loads/stores, 54 AGPRs).
+#if K3_TARGET_HIP
+#define KDA_DECODE_INLINE __attribute__((always_inline))
+#else
+#define KDA_DECODE_INLINE
+#endif
+
+// Steps 1–3 for the head of one block (all threads call it; it ends behind a barrier).
+KDA_DECODE_INLINE K3_DEVICE KdaDecodeHeadScalars kda_decode_head_inputs(
+    const void* x, int x_dt, int64_t x_s0, const float* conv_w, int64_t cw_s0, int64_t cw_s1,
+    void* conv_state, int cs_dt, int64_t cs_s0, int64_t cs_s1, int64_t cs_s2,
+    const void* g_raw, int g_dt, int64_t g_s0, int64_t g_s1, const void* beta_in, int beta_dt, int64_t be_s0,
+    int64_t be_s1, const float* a_log, int64_t al_s0, const float* dt_bias, int64_t db_s0, int b, int h, int slot,
+    int heads, int K, int V, int width, int gate_mode, float lower_bound, int beta_sigmoid, int qk_l2norm, float scale,
+    float* u, float* alpha, float* red /* [2][kWarps] */) {
+  using namespace kda_decode_fused;
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int HK = heads * K, hist = width - 1;
+  // 1. Conv + SiLU over the head's channels, shifting their conv state.
+  for (int e = tid; e < 2 * K + V; e += kThreads) {
+    const int c = e < K ? h * K + e : (e < 2 * K ? HK + h * K + (e - K) : 2 * HK + h * V + (e - 2 * K));
+    const int64_t cs = slot * cs_s0 + c * cs_s1;
+    // One tap at a time, each history value moved one place down right after it is read (a
+    // rolled loop: the register window of an unrolled one spilled SGPRs on AMD).
+    float acc = 0.0f;
+    for (int j = 0; j < hist; ++j) {
+      const float hj = k3::load_f32(conv_state, cs_dt, cs + j * cs_s2);
+      acc += conv_w[c * cw_s0 + j * cw_s1] * hj;
+      if (j > 0) k3::store_f32(conv_state, cs_dt, cs + (j - 1) * cs_s2, hj);
+    }
+    const float xv = k3::load_f32(x, x_dt, b * x_s0 + c);
+    acc += conv_w[c * cw_s0 + hist * cw_s1] * xv;
+    if (hist > 0) k3::store_f32(conv_state, cs_dt, cs + (hist - 1) * cs_s2, xv);
+    u[e] = acc * k3::sigmoid_f32(acc);
+  }
+  // 2. Decay gate.
+  const float a_exp = gate_mode == kGateLowerBound || gate_mode == kGateSoftplus ? k3::exp_f32(a_log[h * al_s0]) : 0.0f;
+  for (int i = tid; i < K; i += kThreads) {
+    const float f = k3::load_f32(g_raw, g_dt, b * g_s0 + h * g_s1 + i);
+    const float z = f + (dt_bias != nullptr ? dt_bias[(h * K + i) * db_s0] : 0.0f);
+    float g = f;
+    if (gate_mode == kGateLowerBound) g = lower_bound * k3::sigmoid_f32(a_exp * z);
+    if (gate_mode == kGateSoftplus) g = -a_exp * kda_decode_softplus(z);
+    alpha[i] = k3::exp_f32(g);
+  }
+  const float bv = k3::load_f32(beta_in, beta_dt, b * be_s0 + h * be_s1);
+  KdaDecodeHeadScalars r{beta_sigmoid ? k3::sigmoid_f32(bv) : bv, scale, 1.0f};
+  k3::sync_threads();
+
+  // 3. q/k L2 norms (scale folded into q's factor).
+  if (qk_l2norm) {
+    float sq = 0.0f, sk = 0.0f;
+    for (int i = tid; i < K; i += kThreads) {
+      sq += u[i] * u[i];
+      sk += u[K + i] * u[K + i];
+    }
+    sq = kda_decode_block_sum(sq, red);
+    sk = kda_decode_block_sum(sk, red + kWarps);
+    r.q_mul = scale / k3::sqrt_f32(sq + 1e-6f);
+    r.k_mul = 1.0f / k3::sqrt_f32(sk + 1e-6f);
+  }
+  return r;
+}
+
+// The slot of a row, checked; false when the block has nothing more to do with the pools (a
+// rejected slot, reported; or the null slot, whose output row it zeroes). Block-uniform.
+K3_DEVICE bool kda_decode_claim_slot(const int32_t* state_indices, int64_t si_s0, int b, int h, int slots, int batch,
+                                     void* out, int out_dt, int64_t out_row, int V, k3::ErrorRecord* err, int* slot_out) {
+  const int slot = state_indices[b * si_s0];
+  *slot_out = slot;
+  if (!k3::index_ok(err, k3::kCheckKdaDecodeStateIndices, b, slot, 0, slots)) return false;
+  if (slot == 0) {  // null slot (padded graph row): zeros out, pools untouched
+    for (int j = static_cast<int>(k3::thread_idx_x()); j < V; j += kda_decode_fused::kThreads) {
+      k3::store_f32(out, out_dt, out_row + j, 0.0f);
+    }
+    return false;
+  }
+  if (h == 0) k3::block_unique(err, k3::kCheckKdaDecodeStateIndices, state_indices, k3::kI32, si_s0, batch, b, slot, 0);
+  return true;
+}
+
+K3_KERNEL void kda_decode_generic_step(
     const void* x, int x_dt, int64_t x_s0,                                   // [B, D], unit channel stride
     const float* conv_w, int64_t cw_s0, int64_t cw_s1,                       // [D, W]
     void* conv_state, int cs_dt, int64_t cs_s0, int64_t cs_s1, int64_t cs_s2,  // [slots, D, W-1]
@@ -75,17 +184,10 @@ K3_KERNEL void kda_decode_fused_step(
   const int b = row / heads;
   const int h = row % heads;
   const int tid = static_cast<int>(k3::thread_idx_x());
-  const int K = head_k, V = head_v, HK = heads * head_k, hist = width - 1;
+  const int K = head_k, V = head_v;
   const int64_t out_row = b * out_s0 + h * out_s1;
-
-  const int slot = state_indices[b * si_s0];
-  // Block-uniform from here to the end of the checks: every thread reads the same slot.
-  if (!k3::index_ok(err, k3::kCheckKdaDecodeStateIndices, b, slot, 0, slots)) return;
-  if (slot == 0) {  // null slot (padded graph row): zeros out, pools untouched
-    for (int j = tid; j < V; j += kThreads) k3::store_f32(out, out_dt, out_row + j, 0.0f);
-    return;
-  }
-  if (h == 0) k3::block_unique(err, k3::kCheckKdaDecodeStateIndices, state_indices, k3::kI32, si_s0, batch, b, slot, 0);
+  int slot = 0;
+  if (!kda_decode_claim_slot(state_indices, si_s0, b, h, slots, batch, out, out_dt, out_row, V, err, &slot)) return;
 
   float* u = k3::dynamic_shared<float>();  // [2K + V]: q | k | v of this head after conv + SiLU
   float* alpha = u + 2 * K + V;            // [K] decay factors
@@ -93,50 +195,11 @@ K3_KERNEL void kda_decode_fused_step(
   float* tile = o + V;                     // [K][kTileStride] one chunk of the state
   K3_SHARED(float, red, [3][kWarps]);
 
-  // 1. Conv + SiLU over the head's channels, shifting their conv state.
-  for (int e = tid; e < 2 * K + V; e += kThreads) {
-    const int c = e < K ? h * K + e : (e < 2 * K ? HK + h * K + (e - K) : 2 * HK + h * V + (e - 2 * K));
-    const int64_t cs = slot * cs_s0 + c * cs_s1;
-    float win[kMaxWidth];
-    for (int j = 0; j < kMaxWidth - 1; ++j) win[j] = j < hist ? k3::load_f32(conv_state, cs_dt, cs + j * cs_s2) : 0.0f;
-    const float xv = k3::load_f32(x, x_dt, b * x_s0 + c);
-    float acc = 0.0f;
-    for (int j = 0; j < kMaxWidth - 1; ++j) {
-      if (j < hist) acc += conv_w[c * cw_s0 + j * cw_s1] * win[j];
-    }
-    acc += conv_w[c * cw_s0 + hist * cw_s1] * xv;
-    u[e] = acc * k3::sigmoid_f32(acc);
-    for (int j = 0; j < kMaxWidth - 1; ++j) {
-      if (j < hist) k3::store_f32(conv_state, cs_dt, cs + j * cs_s2, j + 1 < hist ? win[j + 1] : xv);
-    }
-  }
-  // 2. Decay gate.
-  const float a_exp = gate_mode == kGateLowerBound || gate_mode == kGateSoftplus ? k3::exp_f32(a_log[h * al_s0]) : 0.0f;
-  for (int i = tid; i < K; i += kThreads) {
-    const float f = k3::load_f32(g_raw, g_dt, b * g_s0 + h * g_s1 + i);
-    const float z = f + (dt_bias != nullptr ? dt_bias[(h * K + i) * db_s0] : 0.0f);
-    float g = f;
-    if (gate_mode == kGateLowerBound) g = lower_bound * k3::sigmoid_f32(a_exp * z);
-    if (gate_mode == kGateSoftplus) g = -a_exp * kda_decode_softplus(z);
-    alpha[i] = k3::exp_f32(g);
-  }
-  const float bv = k3::load_f32(beta_in, beta_dt, b * be_s0 + h * be_s1);
-  const float beta = beta_sigmoid ? k3::sigmoid_f32(bv) : bv;
-  k3::sync_threads();
-
-  // 3. q/k L2 norms (scale folded into q's factor).
-  float q_mul = scale, k_mul = 1.0f;
-  if (qk_l2norm) {
-    float sq = 0.0f, sk = 0.0f;
-    for (int i = tid; i < K; i += kThreads) {
-      sq += u[i] * u[i];
-      sk += u[K + i] * u[K + i];
-    }
-    sq = kda_decode_block_sum(sq, red[0]);
-    sk = kda_decode_block_sum(sk, red[1]);
-    q_mul = scale / k3::sqrt_f32(sq + 1e-6f);
-    k_mul = 1.0f / k3::sqrt_f32(sk + 1e-6f);
-  }
+  const KdaDecodeHeadScalars hs = kda_decode_head_inputs(
+      x, x_dt, x_s0, conv_w, cw_s0, cw_s1, conv_state, cs_dt, cs_s0, cs_s1, cs_s2, g_raw, g_dt, g_s0, g_s1, beta_in,
+      beta_dt, be_s0, be_s1, a_log, al_s0, dt_bias, db_s0, b, h, slot, heads, K, V, width, gate_mode, lower_bound,
+      beta_sigmoid, qk_l2norm, scale, u, alpha, red[0]);
+  const float beta = hs.beta, q_mul = hs.q_mul, k_mul = hs.k_mul;
 
   // 4. Delta rule, kChunk value columns at a time.
   const int64_t s_base = slot * st_slot + h * st_head;
@@ -195,4 +258,197 @@ K3_KERNEL void kda_decode_fused_step(
     k3::store_f32(out, out_dt, out_row + jv, y);
   }
 }
+K3_EXPORT(kda_decode_generic_step);
+
+// V-split, launch 1 of 3: steps 1–3 of one (row, head) into its workspace row `ws + row·ws_row`.
+K3_KERNEL void kda_decode_prepare(
+    const void* x, int x_dt, int64_t x_s0,                                   // [B, D], unit channel stride
+    const float* conv_w, int64_t cw_s0, int64_t cw_s1,                       // [D, W]
+    void* conv_state, int cs_dt, int64_t cs_s0, int64_t cs_s1, int64_t cs_s2,  // [slots, D, W-1]
+    const void* g_raw, int g_dt, int64_t g_s0, int64_t g_s1,                 // [B, H, K], unit inner
+    const void* beta_in, int beta_dt, int64_t be_s0, int64_t be_s1,          // [B, H]
+    const float* a_log, int64_t al_s0,                                       // [A] or null
+    const float* dt_bias, int64_t db_s0,                                     // [H·K] or null
+    const int32_t* state_indices, int64_t si_s0,                             // [B]
+    float* ws, int64_t ws_row,                                               // [B·H, ws_row]
+    void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V]: null rows only
+    int heads, int head_k, int head_v, int width, int slots, int gate_mode, float lower_bound,
+    int beta_sigmoid, int qk_l2norm, float scale, int batch, k3::ErrorRecord* err) {
+  using namespace kda_decode_fused;
+  const int row = static_cast<int>(k3::block_idx_x());
+  const int b = row / heads;
+  const int h = row % heads;
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int K = head_k, V = head_v;
+  float* w = ws + row * ws_row;
+  int slot = 0;
+  if (!kda_decode_claim_slot(state_indices, si_s0, b, h, slots, batch, out, out_dt, b * out_s0 + h * out_s1, V, err,
+                             &slot)) {
+    if (tid == 0) w[0] = k3::uint_as_float(0u);  // tells the split and norm kernels to skip the row
+    return;
+  }
+  float* u = k3::dynamic_shared<float>();  // [2K + V]: q | k | v of this head after conv + SiLU
+  float* alpha = u + 2 * K + V;            // [K] decay factors
+  K3_SHARED(float, red, [2][kWarps]);
+  const KdaDecodeHeadScalars hs = kda_decode_head_inputs(
+      x, x_dt, x_s0, conv_w, cw_s0, cw_s1, conv_state, cs_dt, cs_s0, cs_s1, cs_s2, g_raw, g_dt, g_s0, g_s1, beta_in,
+      beta_dt, be_s0, be_s1, a_log, al_s0, dt_bias, db_s0, b, h, slot, heads, K, V, width, gate_mode, lower_bound,
+      beta_sigmoid, qk_l2norm, scale, u, alpha, red[0]);
+  float* vecs = w + kWsHeader;
+  for (int i = tid; i < K; i += kThreads) {
+    vecs[i] = u[i] * hs.q_mul;
+    vecs[K + i] = u[K + i] * hs.k_mul;
+    vecs[2 * K + i] = alpha[i];
+  }
+  for (int j = tid; j < V; j += kThreads) vecs[3 * K + j] = u[2 * K + j];
+  // The Σo² padding is summed by kda_decode_norm's vector loads: keep it zero.
+  const int used = kWsHeader + 3 * K + 2 * V + V / 4;
+  for (int e = used + tid; e < ws_row; e += kThreads) w[e] = 0.0f;
+  if (tid == 0) {
+    w[0] = k3::uint_as_float(static_cast<uint32_t>(slot));
+    w[1] = hs.beta;
+  }
+}
+K3_EXPORT(kda_decode_prepare);
+
+// Four consecutive outputs from element i of `out`; bf16 pairs go through the hardware pack
+// (k3/convert_hw.h) as 32-bit stores when the address allows it, other cases element by element.
+KDA_DECODE_INLINE K3_DEVICE void kda_decode_store4(void* out, int out_dt, int64_t i, k3::f32x4 y) {
+  if (out_dt == k3::kBF16) {
+    uint16_t* p = static_cast<uint16_t*>(out) + i;
+    if ((reinterpret_cast<uint64_t>(p) & 3u) == 0) {
+      uint32_t* q = reinterpret_cast<uint32_t*>(p);
+      q[0] = k3::pack_bf16x2_rn(y.v[0], y.v[1]);
+      q[1] = k3::pack_bf16x2_rn(y.v[2], y.v[3]);
+      return;
+    }
+  }
+  for (int c = 0; c < 4; ++c) k3::store_f32(out, out_dt, i + c, y.v[c]);
+}
+
+// Sum of one 4-column vector's partials over the kSplitLanes k lanes that share it (all threads
+// call it): xor butterflies inside the warp, then a fixed-order sum of the warps' partials.
+// `red` holds kSplitMaxWarps × cv vectors and must not be reused by another sum of the block.
+K3_DEVICE k3::f32x4 kda_decode_split_sum(k3::f32x4 v, k3::f32x4* red, int cv, int vecs) {
+  for (int off = vecs; off < k3::kWarpSize; off <<= 1) {
+    for (int c = 0; c < 4; ++c) v.v[c] += k3::shfl_xor(v.v[c], off);
+  }
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  if (static_cast<int>(k3::lane_id()) < vecs) red[(tid / k3::kWarpSize) * vecs + cv] = v;
+  k3::sync_threads();
+  k3::f32x4 s = {{0.0f, 0.0f, 0.0f, 0.0f}};
+  const int warps = kda_decode_fused::kSplitLanes * vecs / k3::kWarpSize;
+  for (int w = 0; w < warps; ++w) {
+    for (int c = 0; c < 4; ++c) s.v[c] += red[w * vecs + cv].v[c];
+  }
+  return s;
+}
+
+// V-split, launch 2 of 3: step 4 for the columns [4·vecs·y, 4·vecs·(y+1)) of one (row, head),
+// kSplitLanes·vecs threads. Thread t holds column vector cv = t % vecs, rows kl = t / vecs and
+// kl + kSplitLanes. The state is f32 with unit stride along v; every offset is a multiple of 4
+// floats (the launcher checks it), so each row of the slice moves as one 16-byte vector.
+K3_KERNEL void kda_decode_fused_step(
+    float* ws, int64_t ws_row,                                         // [B·H, ws_row]
+    float* state, int64_t st_slot, int64_t st_head, int64_t st_k,            // v stride 1
+    void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V], unit inner
+    int heads, int head_k, int head_v, int slots, int vecs, int gated_norm, k3::ErrorRecord* err) {
+  using namespace kda_decode_fused;
+  const int row = static_cast<int>(k3::block_idx_x());
+  const int b = row / heads;
+  const int h = row % heads;
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int threads = kSplitLanes * vecs;
+  const int K = head_k, V = head_v;
+  float* w = ws + row * ws_row;
+  const k3::f32x4 hd = k3::load_f32x4(w);
+  const int slot = static_cast<int>(k3::float_as_uint(hd.v[0]));
+  if (slot == 0) return;  // null or rejected row: kda_decode_prepare dealt with it
+  if (!k3::index_ok(err, k3::kCheckKdaDecodeStateIndices, b, slot, 0, slots)) return;
+  const float beta = hd.v[1];
+
+  float* vecs_sh = k3::dynamic_shared<float>();  // [3K]: q̂ | k̂ | α
+  K3_SHARED(k3::f32x4, red, [2][kSplitMaxWarps * kSplitMaxVecs]);
+  for (int e = tid; e < 3 * K / 4; e += threads) k3::store_f32x4(vecs_sh + 4 * e, k3::load_f32x4(w + kWsHeader + 4 * e));
+
+  const int cv = tid % vecs;
+  const int kl = tid / vecs;
+  const int j = (static_cast<int>(k3::block_idx_y()) * vecs + cv) * 4;
+  const bool live = j < V;
+  const k3::f32x4 zero = {{0.0f, 0.0f, 0.0f, 0.0f}};
+  const k3::f32x4 v = live ? k3::load_f32x4(w + kWsHeader + 3 * K + j) : zero;
+  const int64_t base = slot * st_slot + h * st_head + j;
+  k3::f32x4 s[kSplitRows];
+  for (int n = 0; n < kSplitRows; ++n) {
+    const int k = kl + n * kSplitLanes;
+    s[n] = live && k < K ? k3::load_f32x4(state + base + k * st_k) : zero;
+  }
+  k3::sync_threads();  // q̂ | k̂ | α in shared
+
+  k3::f32x4 ks = zero;
+  for (int n = 0; n < kSplitRows; ++n) {
+    const int k = kl + n * kSplitLanes;
+    const float a = k < K ? vecs_sh[2 * K + k] : 0.0f, kk = k < K ? vecs_sh[K + k] : 0.0f;
+    for (int c = 0; c < 4; ++c) {
+      s[n].v[c] *= a;
+      ks.v[c] += kk * s[n].v[c];
+    }
+  }
+  ks = kda_decode_split_sum(ks, red[0], cv, vecs);
+  k3::f32x4 qs = zero;
+  for (int n = 0; n < kSplitRows; ++n) {
+    const int k = kl + n * kSplitLanes;
+    const float kk = k < K ? vecs_sh[K + k] : 0.0f, qq = k < K ? vecs_sh[k] : 0.0f;
+    for (int c = 0; c < 4; ++c) {
+      s[n].v[c] += beta * kk * (v.v[c] - ks.v[c]);
+      qs.v[c] += qq * s[n].v[c];
+    }
+    if (live && k < K) k3::store_f32x4(state + base + k * st_k, s[n]);
+  }
+  qs = kda_decode_split_sum(qs, red[1], cv, vecs);
+  if (!live || kl != 0) return;
+  if (gated_norm) {
+    float* wo = w + kWsHeader + 3 * K + V;
+    k3::store_f32x4(wo + j, qs);
+    wo[V + j / 4] = qs.v[0] * qs.v[0] + qs.v[1] * qs.v[1] + qs.v[2] * qs.v[2] + qs.v[3] * qs.v[3];
+  } else {
+    kda_decode_store4(out, out_dt, b * out_s0 + h * out_s1 + j, qs);
+  }
+}
 K3_EXPORT(kda_decode_fused_step);
+
+// V-split, launch 3 of 3 (gated norm only): step 5 of one (row, head), kThreads threads, from
+// o and the Σo² partials of its workspace row, summed in a fixed order.
+K3_KERNEL void kda_decode_norm(
+    const float* ws, int64_t ws_row,                                         // [B·H, ws_row]
+    const void* out_gate, int og_dt, int64_t og_s0, int64_t og_s1,           // [B, H, V], unit inner
+    const float* norm_w, int64_t nw_s0,                                      // [V]
+    void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V], unit inner
+    int heads, int head_k, int head_v, float norm_eps) {
+  using namespace kda_decode_fused;
+  const int row = static_cast<int>(k3::block_idx_x());
+  const int b = row / heads;
+  const int h = row % heads;
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int K = head_k, V = head_v;
+  const float* w = ws + row * ws_row;
+  if (k3::float_as_uint(k3::load_f32x4(w).v[0]) == 0u) return;  // null or rejected row
+  const float* o = w + kWsHeader + 3 * K + V;
+  const float* part = o + V;  // V/4 partials, zero-padded to a multiple of 4
+  float ss = 0.0f;
+  for (int e = 0; e < (V / 4 + 3) / 4; ++e) {
+    const k3::f32x4 p = k3::load_f32x4(part + 4 * e);
+    ss += (p.v[0] + p.v[1]) + (p.v[2] + p.v[3]);
+  }
+  const float inv_rms = 1.0f / k3::sqrt_f32(ss / static_cast<float>(V) + norm_eps);
+  for (int e = tid; e < V / 4; e += kThreads) {
+    k3::f32x4 y = k3::load_f32x4(o + 4 * e);
+    for (int c = 0; c < 4; ++c) {
+      const int jv = 4 * e + c;
+      const float gate = k3::load_f32(out_gate, og_dt, b * og_s0 + h * og_s1 + jv);
+      y.v[c] = norm_w[jv * nw_s0] * y.v[c] * inv_rms * k3::sigmoid_f32(gate);
+    }
+    kda_decode_store4(out, out_dt, b * out_s0 + h * out_s1 + 4 * e, y);
+  }
+}
+K3_EXPORT(kda_decode_norm);

@@ -1,23 +1,63 @@
-//! Fused KDA decode launcher (kernels/csrc/ops/kda_decode.cu): one block of [`THREADS`] per
-//! (row, head); the head's state streams through a shared-memory tile of K × [`CHUNK`] f32.
+//! Fused KDA decode launcher (kernels/csrc/ops/kda_decode.cu). Two schedules:
+//!
+//! - V-split (f32 K-major state with unit v stride and 16-byte aligned rows, K ≤ [`SPLIT_MAX_K`],
+//!   K and V multiples of 4): `kda_decode_prepare` (one block per (row, head)) writes the head's
+//!   q̂, k̂, α, v and β to a workspace row; `kda_decode_fused_step` runs the delta rule on a grid
+//!   of (row·head, V / (4·vecs)) blocks of [`SPLIT_LANES`]·vecs threads, each holding its K × 4·vecs
+//!   slice of the state in registers; `kda_decode_norm` applies the gated RMSNorm from the
+//!   split blocks' o and Σo² partials. `vecs` is the largest of 4, 2, 1 (and at most the
+//!   column vectors of a head) that still gives 4 blocks per SM / CU of the device.
+//! - Otherwise `kda_decode_generic_step`: one block of [`THREADS`] per (row, head), the state
+//!   streamed through a shared-memory tile of K × [`CHUNK`] f32.
 
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
-use crate::runtime::{KernelArgs, LaunchConfig, Runtime};
+use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
 use kernel_api::error::Reasons;
 use kernel_api::ops::{
     check_workspace, KdaDecode, KdaDecodeArgs, KdaDecodeParams, KdaDecodePlan, KdaGateMode, KdaOutputNorm,
     KdaStateLayout,
 };
-use kernel_api::{Backend, Result, TensorRef};
+use kernel_api::{Backend, DType, Result, TensorRef};
 
 /// Threads per block (`kda_decode_fused::kThreads`).
 const THREADS: u32 = 128;
 /// Value columns per shared tile (`kThreads / kGroup`).
 const CHUNK: usize = 32;
-/// Conv taps the kernel keeps in registers (`kMaxWidth`).
-const MAX_WIDTH: usize = 8;
 /// Static shared memory of the kernel (three reduction buffers of at most 4 warps), rounded up.
 const STATIC_SHARED: usize = 64;
+/// V-split: k lanes per 4-column vector (`kSplitLanes`), largest K (`kSplitLanes · kSplitRows`), column
+/// vectors per block at most (`kSplitMaxVecs`), workspace row header floats (`kWsHeader`).
+const SPLIT_LANES: u32 = 64;
+const SPLIT_MAX_K: usize = 128;
+const SPLIT_MAX_VECS: usize = 4;
+const WS_HEADER: usize = 4;
+/// Blocks per SM / CU the V-split aims for at small batch (latency hiding by parallelism).
+const SPLIT_BLOCKS_PER_UNIT: usize = 4;
+
+/// Whether the plan's shapes allow the V-split (the tensors' dtypes, strides and alignment are
+/// checked at run time; the workspace is sized whenever the shapes allow it).
+fn split_shapes(p: &KdaDecodeParams) -> bool {
+    p.state_layout == KdaStateLayout::KMajor
+        && p.head_k <= SPLIT_MAX_K
+        && p.head_k % 4 == 0
+        && p.head_v % 4 == 0
+        && p.head_v / 4 <= 65_535
+}
+
+/// Floats per workspace row: header | q̂ | k̂ | α | v | o | Σo² per column vector, padded to 4.
+fn ws_row(p: &KdaDecodeParams) -> usize {
+    (WS_HEADER + 3 * p.head_k + 2 * p.head_v + p.head_v / 4).next_multiple_of(4)
+}
+
+/// Column vectors per split block: the widest block that still fills the device.
+fn split_vecs(rows: usize, col_vecs: usize, units: usize) -> usize {
+    let want = SPLIT_BLOCKS_PER_UNIT * units.max(1);
+    let mut vecs = SPLIT_MAX_VECS.min(col_vecs.next_power_of_two());
+    while vecs > 1 && rows.saturating_mul(col_vecs.div_ceil(vecs)) < want {
+        vecs /= 2;
+    }
+    vecs
+}
 
 /// Dynamic shared bytes: q|k|v (2K+V), α (K), o (V) and the K × (CHUNK+1) state tile, in f32.
 fn shared_bytes(p: &KdaDecodeParams) -> Option<usize> {
@@ -30,7 +70,6 @@ fn shared_bytes(p: &KdaDecodeParams) -> Option<usize> {
 impl<R: Runtime> KdaDecode for GpuBackend<R> {
     fn supports(&self, p: &KdaDecodeParams) -> Result<()> {
         let mut r = Reasons::new();
-        r.require(p.conv_width <= MAX_WIDTH, "params.conv_width", format!("the kernel holds at most {MAX_WIDTH} taps"));
         let fits = |v: Option<usize>| v.is_some_and(|v| i32::try_from(v).is_ok());
         // Checked here (not through `channels()`): supports may see params no plan validated.
         let channels =
@@ -44,6 +83,14 @@ impl<R: Runtime> KdaDecode for GpuBackend<R> {
             "the K x {CHUNK} f32 state tile and head vectors need {smem:?} bytes of shared memory, the device has {limit}"
         ));
         r.into_result()
+    }
+
+    fn workspace_size(&self, plan: &KdaDecodePlan) -> usize {
+        let p = &plan.params;
+        if !split_shapes(p) {
+            return 0;
+        }
+        p.batch.saturating_mul(p.heads).saturating_mul(ws_row(p)).saturating_mul(4)
     }
 
     fn run(
@@ -60,40 +107,98 @@ impl<R: Runtime> KdaDecode for GpuBackend<R> {
         if p.batch == 0 {
             return Ok(());
         }
-        let mut a = KernelArgs::new();
+        let st = &args.recurrent_state.layout;
+        let st_ptr = self.ptr(&*args.recurrent_state.buf, st);
+        let ws_ptr = ws.as_deref().map(|w| self.ptr(w, &kernel_api::Layout::contiguous(DType::F32, &[0])));
+        // K-major: strides [slot, head, k, v]; the V-split moves each k row as 16-byte vectors.
+        let split = split_shapes(p)
+            && st.dtype == DType::F32
+            && st.strides[3] == 1
+            && st.strides[..3].iter().all(|s| s % 4 == 0)
+            && st_ptr.0 % 16 == 0
+            && ws_ptr.is_some_and(|w| w.0 % 16 == 0);
+        match ws_ptr.filter(|_| split) {
+            Some(ws_ptr) => self.kda_run_split(p, &args, ws_ptr, st_ptr, stream),
+            None => self.kda_run_generic(p, &args, st_ptr, stream),
+        }
+    }
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// Arguments the generic and prepare kernels share: x_qkv, the conv pool, the gate inputs
+    /// and the state indices.
+    fn kda_push_head_inputs(&self, a: &mut KernelArgs, p: &KdaDecodeParams, args: &KdaDecodeArgs<'_, Self>) {
         let x = &args.x_qkv.layout;
-        arg(&mut a, self.ptr(args.x_qkv.buf, x));
-        arg(&mut a, dtype_code(x.dtype));
-        arg(&mut a, x.strides[0] as i64);
+        arg(a, self.ptr(args.x_qkv.buf, x));
+        arg(a, dtype_code(x.dtype));
+        arg(a, x.strides[0] as i64);
         let cw = &args.conv_weight.layout;
-        arg(&mut a, self.ptr(args.conv_weight.buf, cw));
-        arg(&mut a, cw.strides[0] as i64);
-        arg(&mut a, cw.strides[1] as i64);
+        arg(a, self.ptr(args.conv_weight.buf, cw));
+        arg(a, cw.strides[0] as i64);
+        arg(a, cw.strides[1] as i64);
         let cs = &args.conv_state.layout;
-        arg(&mut a, self.ptr(&*args.conv_state.buf, cs));
-        arg(&mut a, dtype_code(cs.dtype));
+        arg(a, self.ptr(&*args.conv_state.buf, cs));
+        arg(a, dtype_code(cs.dtype));
         for &s in &cs.strides {
-            arg(&mut a, s as i64);
+            arg(a, s as i64);
         }
         let g = &args.g_raw.layout;
-        arg(&mut a, self.ptr(args.g_raw.buf, g));
-        arg(&mut a, dtype_code(g.dtype));
-        arg(&mut a, g.strides[0] as i64);
-        arg(&mut a, g.strides[1] as i64);
+        arg(a, self.ptr(args.g_raw.buf, g));
+        arg(a, dtype_code(g.dtype));
+        arg(a, g.strides[0] as i64);
+        arg(a, g.strides[1] as i64);
         let be = &args.beta.layout;
-        arg(&mut a, self.ptr(args.beta.buf, be));
-        arg(&mut a, dtype_code(be.dtype));
-        arg(&mut a, be.strides[0] as i64);
-        arg(&mut a, be.strides[1] as i64);
+        arg(a, self.ptr(args.beta.buf, be));
+        arg(a, dtype_code(be.dtype));
+        arg(a, be.strides[0] as i64);
+        arg(a, be.strides[1] as i64);
         // A_log and dt_bias are read only by the gates that use them (check_args requires A_log there).
         let uses_gate = p.gate.uses_gate_params();
-        self.push_opt(&mut a, args.a_log.as_ref().filter(|_| uses_gate).map(TensorRef::parts), 1);
-        self.push_opt(&mut a, args.dt_bias.as_ref().filter(|_| uses_gate).map(TensorRef::parts), 1);
+        self.push_opt(a, args.a_log.as_ref().filter(|_| uses_gate).map(TensorRef::parts), 1);
+        self.push_opt(a, args.dt_bias.as_ref().filter(|_| uses_gate).map(TensorRef::parts), 1);
         let si = &args.state_indices.layout;
-        arg(&mut a, self.ptr(args.state_indices.buf, si));
-        arg(&mut a, si.strides[0] as i64);
+        arg(a, self.ptr(args.state_indices.buf, si));
+        arg(a, si.strides[0] as i64);
+    }
+
+    fn kda_push_out(&self, a: &mut KernelArgs, args: &KdaDecodeArgs<'_, Self>) {
+        let out = &args.out.layout;
+        arg(a, self.ptr(&*args.out.buf, out));
+        arg(a, dtype_code(out.dtype));
+        arg(a, out.strides[0] as i64);
+        arg(a, out.strides[1] as i64);
+    }
+
+    /// Gate mode code, lower bound, β sigmoid, q/k L2 norm, scale.
+    fn kda_push_gate_scalars(a: &mut KernelArgs, p: &KdaDecodeParams) {
+        let (mode, lower_bound) = match p.gate {
+            KdaGateMode::LowerBound { lower_bound } => (0i32, lower_bound),
+            KdaGateMode::Softplus => (1, 0.0),
+            KdaGateMode::Precomputed => (2, 0.0),
+        };
+        arg(a, mode);
+        arg(a, lower_bound);
+        arg(a, i32::from(p.beta_sigmoid));
+        arg(a, i32::from(p.qk_l2norm));
+        arg(a, p.effective_scale());
+    }
+
+    fn kda_push_norm_gate(&self, a: &mut KernelArgs, args: &KdaDecodeArgs<'_, Self>, gated: bool) {
+        self.push_opt_typed(a, args.output_gate.as_ref().filter(|_| gated).map(TensorRef::parts), 2);
+        self.push_opt(a, args.norm_weight.as_ref().filter(|_| gated).map(TensorRef::parts), 1);
+    }
+
+    fn kda_run_generic(
+        &self,
+        p: &KdaDecodeParams,
+        args: &KdaDecodeArgs<'_, Self>,
+        st_ptr: DevicePtr,
+        stream: &R::Stream,
+    ) -> Result<()> {
+        let mut a = KernelArgs::new();
+        self.kda_push_head_inputs(&mut a, p, args);
         let st = &args.recurrent_state.layout;
-        arg(&mut a, self.ptr(&*args.recurrent_state.buf, st));
+        arg(&mut a, st_ptr);
         arg(&mut a, dtype_code(st.dtype));
         let (st_k, st_v) = match p.state_layout {
             KdaStateLayout::KMajor => (st.strides[2], st.strides[3]),
@@ -104,41 +209,102 @@ impl<R: Runtime> KdaDecode for GpuBackend<R> {
         }
         // Tile loads walk whichever of k and v is closer to contiguous.
         arg(&mut a, i32::from(st_k < st_v));
-        let (gated, eps) = match p.output_norm {
-            KdaOutputNorm::GatedRmsNorm { eps } => (true, eps),
-            KdaOutputNorm::None => (false, 0.0),
-        };
-        self.push_opt_typed(&mut a, args.output_gate.as_ref().filter(|_| gated).map(TensorRef::parts), 2);
-        self.push_opt(&mut a, args.norm_weight.as_ref().filter(|_| gated).map(TensorRef::parts), 1);
-        let out = &args.out.layout;
-        arg(&mut a, self.ptr(&*args.out.buf, out));
-        arg(&mut a, dtype_code(out.dtype));
-        arg(&mut a, out.strides[0] as i64);
-        arg(&mut a, out.strides[1] as i64);
-        arg(&mut a, to_i32("params.heads", p.heads)?);
-        arg(&mut a, to_i32("params.head_k", p.head_k)?);
-        arg(&mut a, to_i32("params.head_v", p.head_v)?);
+        let (gated, eps) = norm_of(p);
+        self.kda_push_norm_gate(&mut a, args, gated);
+        self.kda_push_out(&mut a, args);
+        push_dims(&mut a, p)?;
         arg(&mut a, to_i32("params.conv_width", p.conv_width)?);
         arg(&mut a, to_i32("params.state_slots", p.state_slots)?);
-        let (mode, lower_bound) = match p.gate {
-            KdaGateMode::LowerBound { lower_bound } => (0i32, lower_bound),
-            KdaGateMode::Softplus => (1, 0.0),
-            KdaGateMode::Precomputed => (2, 0.0),
-        };
-        arg(&mut a, mode);
-        arg(&mut a, lower_bound);
-        arg(&mut a, i32::from(p.beta_sigmoid));
-        arg(&mut a, i32::from(p.qk_l2norm));
-        arg(&mut a, p.effective_scale());
+        Self::kda_push_gate_scalars(&mut a, p);
         arg(&mut a, i32::from(gated));
         arg(&mut a, eps);
         arg(&mut a, to_i32("params.batch", p.batch)?);
         self.push_checks(&mut a, stream)?;
-        let blocks = p.batch.checked_mul(p.heads).unwrap_or(usize::MAX);
-        let blocks = to_i32("params.batch x params.heads", blocks)? as u32;
+        let blocks = rows_of(p)?;
         let smem = shared_bytes(p).unwrap_or(usize::MAX);
         let smem = u32::try_from(smem)
             .map_err(|_| kernel_api::Error::unsupported("params.head_k", "shared tile too large"))?;
-        self.launch("kda_decode_fused_step", LaunchConfig::new(blocks, THREADS, smem), &mut a, stream)
+        self.launch("kda_decode_generic_step", LaunchConfig::new(blocks, THREADS, smem), &mut a, stream)
     }
+
+    fn kda_run_split(
+        &self,
+        p: &KdaDecodeParams,
+        args: &KdaDecodeArgs<'_, Self>,
+        ws: DevicePtr,
+        st_ptr: DevicePtr,
+        stream: &R::Stream,
+    ) -> Result<()> {
+        let rows = rows_of(p)?;
+        let row = ws_row(p) as i64;
+        let (gated, eps) = norm_of(p);
+        // 1. conv, gates, q/k norms into the workspace rows.
+        let mut a = KernelArgs::new();
+        self.kda_push_head_inputs(&mut a, p, args);
+        arg(&mut a, ws);
+        arg(&mut a, row);
+        self.kda_push_out(&mut a, args);
+        push_dims(&mut a, p)?;
+        arg(&mut a, to_i32("params.conv_width", p.conv_width)?);
+        arg(&mut a, to_i32("params.state_slots", p.state_slots)?);
+        Self::kda_push_gate_scalars(&mut a, p);
+        arg(&mut a, to_i32("params.batch", p.batch)?);
+        self.push_checks(&mut a, stream)?;
+        let smem = 4 * (3 * p.head_k + p.head_v) as u32; // q | k | v and α (sizes bounded by split_shapes)
+        self.launch("kda_decode_prepare", LaunchConfig::new(rows, THREADS, smem), &mut a, stream)?;
+        // 2. the delta rule on the state slices.
+        let col_vecs = p.head_v / 4;
+        let vecs = split_vecs(rows as usize, col_vecs, self.device_info().compute_units as usize);
+        let st = &args.recurrent_state.layout;
+        let mut a = KernelArgs::new();
+        arg(&mut a, ws);
+        arg(&mut a, row);
+        arg(&mut a, st_ptr);
+        for s in &st.strides[..3] {
+            arg(&mut a, *s as i64);
+        }
+        self.kda_push_out(&mut a, args);
+        push_dims(&mut a, p)?;
+        arg(&mut a, to_i32("params.state_slots", p.state_slots)?);
+        arg(&mut a, vecs as i32);
+        arg(&mut a, i32::from(gated));
+        self.push_checks(&mut a, stream)?;
+        let grid = (rows, col_vecs.div_ceil(vecs) as u32);
+        let smem = 4 * 3 * p.head_k as u32;
+        self.launch("kda_decode_fused_step", LaunchConfig::new(grid, SPLIT_LANES * vecs as u32, smem), &mut a, stream)?;
+        if !gated {
+            return Ok(());
+        }
+        // 3. the gated RMSNorm over each head's V outputs.
+        let mut a = KernelArgs::new();
+        arg(&mut a, ws);
+        arg(&mut a, row);
+        self.kda_push_norm_gate(&mut a, args, gated);
+        self.kda_push_out(&mut a, args);
+        push_dims(&mut a, p)?;
+        arg(&mut a, eps);
+        self.launch("kda_decode_norm", LaunchConfig::new(rows, THREADS, 0), &mut a, stream)
+    }
+}
+
+/// Whether the output goes through the gated RMSNorm, and its epsilon.
+fn norm_of(p: &KdaDecodeParams) -> (bool, f32) {
+    match p.output_norm {
+        KdaOutputNorm::GatedRmsNorm { eps } => (true, eps),
+        KdaOutputNorm::None => (false, 0.0),
+    }
+}
+
+/// heads, head_k, head_v as the kernels take them.
+fn push_dims(a: &mut KernelArgs, p: &KdaDecodeParams) -> Result<()> {
+    arg(a, to_i32("params.heads", p.heads)?);
+    arg(a, to_i32("params.head_k", p.head_k)?);
+    arg(a, to_i32("params.head_v", p.head_v)?);
+    Ok(())
+}
+
+/// batch × heads: one (row, head) per block (row) of the grid.
+fn rows_of(p: &KdaDecodeParams) -> Result<u32> {
+    let rows = p.batch.checked_mul(p.heads).unwrap_or(usize::MAX);
+    Ok(to_i32("params.batch x params.heads", rows)? as u32)
 }

@@ -60,6 +60,7 @@ pub struct Step<R: Runtime> {
     mla_out: T<R>,
     mla_lse: T<R>,
     mla_ws: Option<R::Buffer>,
+    kda_ws: Option<R::Buffer>,
     // MoE
     rplan: MoeRouterPlan,
     aplan: MoeAlignPlan,
@@ -180,6 +181,7 @@ impl<R: Runtime> Step<R> {
             mla_out: b.zeros(bf, &[batch, 1, mp.heads, dims.latent]).expect("mla out"),
             mla_lse: b.zeros(DType::F32, &[batch, 1, mp.heads]).expect("lse"),
             mla_ws: ws(b, MlaDecode::workspace_size(b, &mla_plan)),
+            kda_ws: ws(b, KdaDecode::workspace_size(b, &kda_plan)),
             rplan: MoeRouter::plan(b, &rp).expect("router plan"),
             cplan: MoeCombine::plan(b, &MoeCombineParams { tokens: batch, top_k: k, hidden: l }).expect("combine plan"),
             x: normal(b, bf, &[batch, hid], 1.0, 12),
@@ -229,7 +231,7 @@ impl<R: Runtime> Step<R> {
             norm_weight: Some(self.nw.as_ref()),
             out: self.kda_out.as_mut(),
         };
-        KdaDecode::run(b, &self.kda_plan, args, None, s)?;
+        KdaDecode::run(b, &self.kda_plan, args, self.kda_ws.as_mut(), s)?;
         let args = MlaDecodeArgs {
             q: self.q.as_ref(),
             kv_cache: self.kv.as_ref(),

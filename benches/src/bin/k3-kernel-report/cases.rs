@@ -437,10 +437,15 @@ mod tests {
             for c in &cases {
                 assert!(!c.launches.is_empty(), "{} {} {} launched nothing", l.target, c.op, c.shape);
             }
-            // One block of 128 threads per (row, head) whatever the target.
+            // KDA decode at batch 1: prepare, the V-split delta rule on (row·head, V/4) blocks of
+            // 64 threads (4 columns each, the narrowest split), then the gated norm.
             let d = cases.iter().find(|c| c.op == "kda_decode" && c.shape == "H12 b1").expect("case");
-            assert_eq!(d.launches.len(), 1);
-            assert_eq!((d.launches[0].kernel.as_str(), d.launches[0].config.grid, d.launches[0].config.block), ("kda_decode_fused_step", Dim3::x(12), Dim3::x(128)));
+            let got: Vec<_> = d.launches.iter().map(|x| (x.kernel.as_str(), x.config.grid, x.config.block)).collect();
+            assert_eq!(got, [
+                ("kda_decode_prepare", Dim3::x(12), Dim3::x(128)),
+                ("kda_decode_fused_step", Dim3::new(12, 32, 1), Dim3::x(64)),
+                ("kda_decode_norm", Dim3::x(12), Dim3::x(128)),
+            ], "{}", l.target);
             // The auto MLA variant is the persistent asm kernel: one block per SM / CU.
             let m = cases.iter().find(|c| c.op == "mla_decode" && c.shape == "H12 b1 ctx8k bf16 auto").expect("case");
             let asm = m.launches.iter().find(|x| x.kernel == "mla_decode_asm_mma").expect("asm kernel");

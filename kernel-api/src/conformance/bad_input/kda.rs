@@ -220,6 +220,7 @@ fn decode_with<B: Backend + KdaDecode>(b: &B, planned: &[i32], device: &[i32], s
     let idx = upload_i32(b, &[bt], device);
     let mut state = upload_f32(b, DType::F32, &[slots, h, kd, vd], &vec![0.5; slots * h * kd * vd]).expect("state");
     let mut out = upload_f32(b, DType::F32, &[bt, h, vd], &vec![7.0; bt * h * vd]).expect("out");
+    let mut ws = b.workspace(KdaDecode::workspace_size(b, &plan)).expect("workspace");
     let r = run_synced(b, || {
         let args = KdaDecodeArgs {
             x_qkv: x.as_ref(),
@@ -235,7 +236,7 @@ fn decode_with<B: Backend + KdaDecode>(b: &B, planned: &[i32], device: &[i32], s
             norm_weight: None,
             out: out.as_mut(),
         };
-        KdaDecode::run(b, &plan, args, None, b.default_stream())
+        KdaDecode::run(b, &plan, args, ws.as_mut(), b.default_stream())
     });
     let get = |t: &DeviceTensor<B>| download_f32(b, t).expect("download");
     (r, get(&out), get(&conv), get(&state))
