@@ -36,9 +36,15 @@ const SCHEDULE_THREADS: u32 = 256;
 const REDUCE_THREADS: u32 = 128;
 const MAX_GRID_YZ: usize = 65_535;
 
+/// `mla::kv_pitch`: the staged KV row pitch in bf16s, `row_width` rounded up to 8 mod 64
+/// (16-byte aligned rows four banks apart: conflict-free MMA fragment reads).
+fn kv_pitch(row_width: usize) -> usize {
+    row_width + (8 + 64 - row_width % 64) % 64
+}
+
 /// `mla::shared_bytes`: probabilities, tile multipliers and the bf16 raw KV tile.
 fn shared_bytes(width: usize) -> u32 {
-    (4 * ROWS * TILE + 4 * TILE * 5 + 2 * TILE * width) as u32
+    (4 * ROWS * TILE + 4 * TILE * 5 + 2 * TILE * kv_pitch(width)) as u32
 }
 
 /// Which attention core a launch uses: the tensor-core one (`*_mma` kernels) for bf16 queries
@@ -48,7 +54,7 @@ fn core(q_dtype: DType, c: &MlaPagedCache) -> (&'static str, u32) {
     let wpad = c.dims.latent.next_multiple_of(16) + c.dims.rope.next_multiple_of(16);
     if q_dtype == DType::BF16 && wpad <= MAX_WIDTH {
         // `mla::mma_shared_bytes`: 8 warps' partial scores, P, alpha, l, multipliers, raw tile.
-        ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + 2 * MMA_TILE * wpad) as u32)
+        ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + 2 * MMA_TILE * kv_pitch(wpad)) as u32)
     } else {
         ("", shared_bytes(c.dims.width()))
     }
