@@ -34,6 +34,8 @@ constexpr int kRowsPerWarp = kRows / kWarps;
 constexpr int kQRegs = kMaxWidth / k3::kWarpSize;
 constexpr int kAccRegs = kMaxLatent / k3::kWarpSize;
 constexpr int kDup = k3::kWarpSize / kTile;  // lanes holding the same token after the scatter
+constexpr int kReduceThreads = 64;          // mla_decode_reduce: 4 latent dims per thread
+constexpr int kReduceDims = 4 * kReduceThreads;
 
 // Dynamic shared bytes of the core for a cache row of `width` values.
 K3_HOST_DEVICE constexpr int shared_bytes(int width) {

@@ -33,7 +33,8 @@ const MMA_TILE: usize = 16;
 const MAX_LATENT: usize = 512;
 const MAX_WIDTH: usize = 576;
 const SCHEDULE_THREADS: u32 = 256;
-const REDUCE_THREADS: u32 = 128;
+/// `mla::kReduceThreads`: threads of a reduce block, 4 latent dims each.
+const REDUCE_THREADS: u32 = 64;
 const MAX_GRID_YZ: usize = 65_535;
 
 /// `mla::kv_pitch`: the staged KV row pitch in bf16s, `row_width` rounded up to 8 mod 64
@@ -72,6 +73,13 @@ fn scales(c: &MlaPagedCache, softmax_scale: f32) -> (f32, f32) {
         KvCacheFormat::Fp8Flat(_) => (softmax_scale * c.kv_scale, c.kv_scale),
         _ => (softmax_scale, 1.0),
     }
+}
+
+/// The reduce grid: (entries, q_len x ROWS rows, latent chunks of 4 x REDUCE_THREADS dims), so
+/// that batch 1 spreads over its heads and latent chunks instead of one block per head group.
+fn reduce_config(entries: u32, q_len: usize, latent: usize) -> LaunchConfig {
+    let chunks = latent.div_ceil(4 * REDUCE_THREADS as usize).max(1) as u32;
+    LaunchConfig::new((entries, (q_len * ROWS) as u32, chunks), REDUCE_THREADS, 0)
 }
 
 fn grid_dim(field: &str, n: usize) -> Result<u32> {
@@ -178,7 +186,7 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                     let mut a = KernelArgs::new();
                     reduce(&mut a, DevicePtr(0), s.num_splits as i32)?;
                     let entries = to_i32("batch x head groups", plan.batch * plan.head_groups)? as u32;
-                    self.launch("mla_decode_reduce", LaunchConfig::new(entries, REDUCE_THREADS, 0), &mut a, stream)?;
+                    self.launch("mla_decode_reduce", reduce_config(entries, q_len, latent), &mut a, stream)?;
                 }
             }
             MlaKernel::Asm => {
@@ -216,7 +224,7 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                     let mut a = KernelArgs::new();
                     reduce(&mut a, self.ws_ptr(ws, reduce_map), 0)?;
                     let entries = to_i32("reduce entries", s.reduce.len())? as u32;
-                    self.launch("mla_decode_reduce", LaunchConfig::new(entries, REDUCE_THREADS, 0), &mut a, stream)?;
+                    self.launch("mla_decode_reduce", reduce_config(entries, q_len, latent), &mut a, stream)?;
                 }
             }
         }
