@@ -343,3 +343,36 @@ fn packed_hardware_conversions_are_bit_exact_on_non_nan_inputs() {
         }
     }
 }
+
+/// The MoE GEMM's in-register MXFP4 decode (csrc/ops/moe_mxfp4.cuh: e2m1 bits by shifts, one
+/// multiply by the E8M0 scale, the bf16 pair as high halves) against
+/// kernel_api::formats::Mxfp4Block::dequantize rounded to bf16, for every code byte under every
+/// scale byte: bit for bit (a NaN for the NaN scale 255).
+#[test]
+fn moe_mxfp4_register_decode_is_bit_exact() {
+    use kernel_api::formats::{F4E2M1x2, Mxfp4Block, E8M0};
+    for warp in WARPS {
+        let rt = rt(warp);
+        let ob = alloc::<u32>(&rt, 256 * 16 * 16);
+        let mut a = KernelArgs::new();
+        a.push(ptr(&ob));
+        launch(&rt, "moe_mxfp4_decode_all", LaunchConfig::new(8, 128, 0), &mut a).unwrap();
+        let got = download::<u32>(&rt, &ob);
+        for s in 0..256usize {
+            for c in 0..16usize {
+                let codes: [F4E2M1x2; 16] = std::array::from_fn(|j| F4E2M1x2((16 * c + j) as u8));
+                let want = Mxfp4Block { codes, scale: E8M0(s as u8) }.dequantize();
+                for (el, &v) in want.iter().enumerate() {
+                    let word = got[(s * 16 + c) * 16 + el / 2];
+                    let g = (word >> (16 * (el % 2))) as u16;
+                    let what = format!("warp {warp} scale {s} byte {} element {}", 16 * c + el / 2, el % 2);
+                    if v.is_nan() {
+                        assert!(bf16::from_bits(g).is_nan(), "{what}: {g:#06x} is not a NaN");
+                    } else {
+                        assert_eq!(g, bf16::from_f32(v).to_bits(), "{what}: {v:e}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -239,16 +239,22 @@ pub struct HostTensor {
     pub bytes: Vec<u8>,
 }
 
+/// Bytes of a `dtype` tensor of `shape`; `None` when the size overflows usize.
+fn byte_size(dtype: DType, shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(dtype.size_bytes(), |a, &d| a.checked_mul(d))
+}
+
 impl HostTensor {
+    /// Zeros of a shape known to fit memory (a shape whose size overflows usize panics here
+    /// rather than wrap to a smaller buffer; sizes from input files go through `from_bytes`).
     pub fn zeros(dtype: DType, shape: &[usize]) -> Self {
-        let n: usize = shape.iter().product();
-        HostTensor { dtype, shape: shape.to_vec(), bytes: vec![0; n * dtype.size_bytes()] }
+        let bytes = byte_size(dtype, shape).unwrap_or_else(|| panic!("HostTensor::zeros: shape {shape:?} of {dtype} overflows usize"));
+        HostTensor { dtype, shape: shape.to_vec(), bytes: vec![0; bytes] }
     }
 
     pub fn from_bytes(dtype: DType, shape: &[usize], bytes: Vec<u8>) -> Result<Self> {
-        let n: usize = shape.iter().product();
-        if n * dtype.size_bytes() != bytes.len() {
-            return Err(Error::invalid("bytes", format!("{} bytes for {} x {}", bytes.len(), n, dtype)));
+        if byte_size(dtype, shape) != Some(bytes.len()) {
+            return Err(Error::invalid("bytes", format!("{} bytes for shape {shape:?} of {dtype}", bytes.len())));
         }
         Ok(HostTensor { dtype, shape: shape.to_vec(), bytes })
     }
@@ -256,11 +262,11 @@ impl HostTensor {
     /// Encodes f32 values into a float dtype with round-to-nearest-even (fp8 saturating to the
     /// largest finite value). Index dtypes take the values as integers.
     pub fn from_f32(dtype: DType, shape: &[usize], values: &[f32]) -> Result<Self> {
-        let n: usize = shape.iter().product();
-        if n != values.len() {
+        let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if n != Some(values.len()) || byte_size(dtype, shape).is_none() {
             return Err(Error::invalid("values", format!("{} values for shape {:?}", values.len(), shape)));
         }
-        let mut bytes = vec![0u8; n * dtype.size_bytes()];
+        let mut bytes = vec![0u8; values.len() * dtype.size_bytes()];
         for (i, &v) in values.iter().enumerate() {
             encode_f32(dtype, v, &mut bytes[i * dtype.size_bytes()..(i + 1) * dtype.size_bytes()]);
         }

@@ -18,6 +18,31 @@
 //!
 //! Format conversions, cache writes and routing selections are compared bit for bit, not with
 //! tolerances.
+//!
+//! ## Determinism of the CPU reference
+//!
+//! The CPU reference gives the same bits for the same inputs whatever the thread count
+//! (`RAYON_NUM_THREADS`), so a reference output can be recorded once and compared bit for bit,
+//! and a difference between two runs is never thread noise. How:
+//! - work is split across threads only where each thread owns whole outputs: the dense GEMM
+//!   (the `gemm` crate splits the output's rows and columns; each output's K reduction runs in
+//!   the same blocked order, its block sizes from the CPU's caches, not the thread count), KDA
+//!   prefill per (sequence, head), the MoE GEMM per row;
+//! - schedules that change a reduction order are derived from a fixed compute-unit count
+//!   ([`crate::cpu::CPU_COMPUTE_UNITS`], 1), never from the thread count: the MLA decode's
+//!   split-KV partition used to follow the rayon pool, and 1 thread against 2, 3, 4 or 8 changed
+//!   ~18% of the tiny model's logits by up to 1.4e-6 (2,505 of 13,824 on a 12+16-token request).
+//!
+//! Cost: none measurable. The MLA decode reference is sequential, and one compute unit means one
+//! pass per sequence instead of split partials plus a merge (measured, release, this project's
+//! 2-core VM: 4 sequences of 900-3,000 tokens, 16 heads, latent 512: 176 ms with 1 unit, 174
+//! and 178 ms with 2 and 8). Scope: one machine. The `gemm`
+//! crate picks its kernels and block sizes by CPU features and cache sizes, so two different
+//! CPUs may differ in the last bits (within [`Tolerance::F32`]). The emulator and the GPU
+//! backends schedule by their own compute units (the emulator's `K3_SIMT_WORKERS`) and are
+//! compared with the tolerances above, not bit for bit. Checked by
+//! `model-k3/tests/determinism.rs` (one `k3 run` child per thread count, logits bit for bit)
+//! and `kernel-api/tests/dense_props.rs` (GEMM at 1, 2, 3 and 8 threads).
 
 use crate::dtype::DType;
 

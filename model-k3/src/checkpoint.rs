@@ -5,13 +5,15 @@
 
 use crate::config::K3Config;
 use crate::error::{ModelError, Result};
+use crate::files::{open_regular, read_text_capped};
 use crate::inventory::PREFIX;
+use crate::limits::{CONFIG_FILE_MAX, INDEX_FILE_MAX};
+use crate::st_header;
 use kernel_api::DType;
 use memmap2::Mmap;
 use safetensors::tensor::Metadata;
-use safetensors::{Dtype as StDtype, SafeTensors};
+use safetensors::Dtype as StDtype;
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -75,12 +77,11 @@ impl std::fmt::Debug for Shard {
 impl Shard {
     /// Maps the file and parses its header (payload pages are not read).
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let file = open_regular(path).map_err(|e| ModelError::io(path, e))?;
         // SAFETY: the map is read-only; a checkpoint modified while mapped is outside the contract
         // (the same assumption every safetensors loader makes).
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
-        let (n, metadata) = SafeTensors::read_metadata(&mmap)
-            .map_err(|e| ModelError::checkpoint(path, format!("bad safetensors header: {e}")))?;
+        let (n, metadata) = st_header::read_metadata(&mmap).map_err(|why| ModelError::checkpoint(path, why))?;
         let file_name = path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         Ok(Shard { path: path.to_path_buf(), file_name, mmap, metadata, header_len: n })
     }
@@ -107,9 +108,7 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Reads config, index and every shard header.
     pub fn open(dir: &Path) -> Result<Self> {
-        let cfg_path = dir.join("config.json");
-        let cfg_text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::io(&cfg_path, e))?;
-        let config = K3Config::from_json_str(&cfg_text)?;
+        let config = read_config(dir)?;
         let mut problems = Vec::new();
         let index_path = dir.join(INDEX_FILE);
         let (shard_files, weight_map, declared_total_size) = if index_path.exists() {
@@ -188,10 +187,17 @@ impl Checkpoint {
     }
 }
 
+/// Reads and checks `DIR/config.json` (at most [`CONFIG_FILE_MAX`] bytes of a regular file).
+pub fn read_config(dir: &Path) -> Result<K3Config> {
+    let path = dir.join("config.json");
+    let text = read_text_capped(&path, CONFIG_FILE_MAX, "model_k3::limits::CONFIG_FILE_MAX").map_err(|e| ModelError::io(&path, e))?;
+    Ok(K3Config::from_json_str(&text)?)
+}
+
 type IndexParts = (Vec<String>, Option<HashMap<String, String>>, Option<u64>);
 
 fn read_index(path: &Path) -> Result<IndexParts> {
-    let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+    let text = read_text_capped(path, INDEX_FILE_MAX, "model_k3::limits::INDEX_FILE_MAX").map_err(|e| ModelError::io(path, e))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::checkpoint(path, format!("not valid JSON: {e}")))?;
     let map = v
         .get("weight_map")

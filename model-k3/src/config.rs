@@ -11,7 +11,14 @@
 //!
 //! There is no RoPE in K3 (`mla_use_nope: true`); a config asking for rotary embeddings is
 //! rejected rather than silently run without them.
+//!
+//! Every size and count is checked against [`crate::limits`] while parsing, and the number of
+//! tensors the config asks for is bounded before any list of them is built, so an absurd value
+//! is an error naming its key, not minutes of work or an abort. Values the ops would refuse
+//! (`activation_situ_beta` ≤ 0, `num_experts` 0, a `top_k` no group choice can reach) are
+//! refused here too, so `k3 inspect` reports what `k3 run` would.
 
+use crate::limits::{MAX_DIM, MAX_EXPERTS, MAX_LAYERS, MAX_TENSORS};
 use kernel_api::{Error, Result};
 use serde_json::Value;
 
@@ -126,14 +133,52 @@ fn get<'a>(obj: &'a Value, key: &str) -> Result<&'a Value> {
     obj.get(key).ok_or_else(|| Error::invalid(key, "missing from config"))
 }
 
+/// A non-negative integer no larger than [`MAX_DIM`] (every size and count of the config).
+fn as_dim(key: &str, v: &Value) -> Result<usize> {
+    match v.as_u64() {
+        Some(x) if x <= MAX_DIM as u64 => Ok(x as usize),
+        Some(x) => Err(Error::invalid(key, format!("{x} is over the limit of {MAX_DIM} (model_k3::limits::MAX_DIM)"))),
+        None => Err(Error::invalid(key, format!("expected a non-negative integer, got {v}"))),
+    }
+}
+
 fn usize_key(obj: &Value, key: &str) -> Result<usize> {
-    let v = get(obj, key)?;
-    v.as_u64().map(|x| x as usize).ok_or_else(|| Error::invalid(key, format!("expected a non-negative integer, got {v}")))
+    as_dim(key, get(obj, key)?)
+}
+
+/// A size that must be at least 1.
+fn pos_key(obj: &Value, key: &str) -> Result<usize> {
+    let n = usize_key(obj, key)?;
+    require(n >= 1, key, || "must be at least 1".into())?;
+    Ok(n)
+}
+
+/// An optional integer key: absent or null gives `default`; anything else must be a valid size.
+fn opt_usize_key(obj: &Value, key: &str, default: usize) -> Result<usize> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => as_dim(key, v),
+    }
+}
+
+/// A number that must be finite as an f32.
+fn as_f32(key: &str, v: &Value) -> Result<f32> {
+    let x = v.as_f64().ok_or_else(|| Error::invalid(key, format!("expected a number, got {v}")))?;
+    let f = x as f32;
+    require(f.is_finite(), key, || format!("{x} is not a finite f32"))?;
+    Ok(f)
 }
 
 fn f32_key(obj: &Value, key: &str) -> Result<f32> {
-    let v = get(obj, key)?;
-    v.as_f64().map(|x| x as f32).ok_or_else(|| Error::invalid(key, format!("expected a number, got {v}")))
+    as_f32(key, get(obj, key)?)
+}
+
+/// An optional number: absent or null gives `None`.
+fn opt_f32_key(obj: &Value, key: &str) -> Result<Option<f32>> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => as_f32(key, v).map(Some),
+    }
 }
 
 fn bool_key(obj: &Value, key: &str) -> Result<bool> {
@@ -146,8 +191,16 @@ fn str_key<'a>(obj: &'a Value, key: &str) -> Result<&'a str> {
     v.as_str().ok_or_else(|| Error::invalid(key, format!("expected a string, got {v}")))
 }
 
-fn opt_u32(obj: &Value, key: &str) -> Option<u32> {
-    obj.get(key).and_then(|v| v.as_u64()).map(|x| x as u32)
+/// A token id (absent or null: `None`); a value that does not fit u32 is an error, not truncated.
+fn opt_token_id(obj: &Value, key: &str) -> Result<Option<u32>> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|x| u32::try_from(x).ok())
+            .map(Some)
+            .ok_or_else(|| Error::invalid(key, format!("expected a token id (an integer in 0..=4294967295), got {v}"))),
+    }
 }
 
 fn layer_list(obj: &Value, key: &str, n: usize) -> Result<Vec<usize>> {
@@ -194,7 +247,9 @@ impl K3Config {
         require(router == "sigmoid", "moe_router_activation_func", || format!("only `sigmoid` is supported, got `{router}`"))?;
 
         let num_layers = usize_key(t, "num_hidden_layers")?;
-        require(num_layers >= 1, "num_hidden_layers", || "must be at least 1".into())?;
+        require((1..=MAX_LAYERS).contains(&num_layers), "num_hidden_layers", || {
+            format!("{num_layers} is outside 1..={MAX_LAYERS} (model_k3::limits::MAX_LAYERS)")
+        })?;
         let lac = get(t, "linear_attn_config")?;
         let kda_layers = layer_list(lac, "kda_layers", num_layers)?;
         let mla_layers = layer_list(lac, "full_attn_layers", num_layers)?;
@@ -217,13 +272,13 @@ impl K3Config {
             .collect::<Result<_>>()?;
 
         let first_dense = usize_key(t, "first_k_dense_replace")?;
-        let freq = t.get("moe_layer_freq").and_then(|v| v.as_u64()).unwrap_or(1) as usize;
+        let freq = opt_usize_key(t, "moe_layer_freq", 1)?;
         require(freq == 1, "moe_layer_freq", || format!("only 1 (MoE on every layer after the dense ones) is supported, got {freq}"))?;
         let ffns = (0..num_layers).map(|i| if i < first_dense { FfnKind::Dense } else { FfnKind::LatentMoe }).collect();
 
-        let hidden = usize_key(t, "hidden_size")?;
-        let n_heads = usize_key(t, "num_attention_heads")?;
-        let n_kv = t.get("num_key_value_heads").and_then(|v| v.as_u64()).map(|x| x as usize).unwrap_or(n_heads);
+        let hidden = pos_key(t, "hidden_size")?;
+        let n_heads = pos_key(t, "num_attention_heads")?;
+        let n_kv = opt_usize_key(t, "num_key_value_heads", n_heads)?;
         require(n_kv == n_heads, "num_key_value_heads", || format!("{n_kv} differs from num_attention_heads {n_heads}; MLA here has one latent shared by all heads and equal q/kv head counts"))?;
 
         let gate = match lac.get("gate_lower_bound") {
@@ -246,27 +301,30 @@ impl K3Config {
 
         let mla = MlaConfig {
             num_heads: n_heads,
-            q_lora_rank: usize_key(t, "q_lora_rank")?,
-            kv_lora_rank: usize_key(t, "kv_lora_rank")?,
-            qk_nope_head_dim: usize_key(t, "qk_nope_head_dim")?,
+            q_lora_rank: pos_key(t, "q_lora_rank")?,
+            kv_lora_rank: pos_key(t, "kv_lora_rank")?,
+            qk_nope_head_dim: pos_key(t, "qk_nope_head_dim")?,
             qk_rope_head_dim: usize_key(t, "qk_rope_head_dim")?,
-            v_head_dim: usize_key(t, "v_head_dim")?,
+            v_head_dim: pos_key(t, "v_head_dim")?,
             output_gate: t.get("mla_use_output_gate").and_then(|v| v.as_bool()).unwrap_or(false),
         };
-        let n_group = t.get("num_expert_group").and_then(|v| v.as_u64()).unwrap_or(1) as usize;
-        let topk_group = t.get("topk_group").and_then(|v| v.as_u64()).unwrap_or(1) as usize;
+        let n_group = opt_usize_key(t, "num_expert_group", 1)?;
+        let topk_group = opt_usize_key(t, "topk_group", 1)?;
         let moe = MoeConfig {
             num_experts: usize_key(t, "num_experts")?,
             top_k: usize_key(t, "num_experts_per_token")?,
             num_shared_experts: usize_key(t, "num_shared_experts")?,
-            moe_intermediate_size: usize_key(t, "moe_intermediate_size")?,
-            latent_size: usize_key(t, "routed_expert_hidden_size")?,
+            moe_intermediate_size: pos_key(t, "moe_intermediate_size")?,
+            latent_size: pos_key(t, "routed_expert_hidden_size")?,
             latent_norm: bool_key(t, "latent_moe_use_norm")?,
             renormalize: bool_key(t, "moe_renormalize")?,
             routed_scaling_factor: f32_key(t, "routed_scaling_factor")?,
             num_expert_group: n_group,
             topk_group,
         };
+        require((1..=MAX_EXPERTS).contains(&moe.num_experts), "num_experts", || {
+            format!("{} is outside 1..={MAX_EXPERTS} (model_k3::limits::MAX_EXPERTS)", moe.num_experts)
+        })?;
         require(moe.top_k >= 1 && moe.top_k <= moe.num_experts, "num_experts_per_token", || {
             format!("{} must be in 1..={}", moe.top_k, moe.num_experts)
         })?;
@@ -274,15 +332,21 @@ impl K3Config {
             format!("{n_group} groups do not divide {} experts", moe.num_experts)
         })?;
         require(topk_group >= 1 && topk_group <= n_group, "topk_group", || format!("{topk_group} must be in 1..={n_group}"))?;
+        let selectable = topk_group * (moe.num_experts / n_group);
+        require(moe.top_k <= selectable, "num_experts_per_token", || {
+            format!("{} exceeds the {selectable} experts left after keeping {topk_group} of {n_group} groups", moe.top_k)
+        })?;
+        require(moe.routed_scaling_factor > 0.0, "routed_scaling_factor", || format!("must be positive, got {}", moe.routed_scaling_factor))?;
 
-        let linear_beta = match t.get("activation_situ_linear_beta") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_f64().ok_or_else(|| Error::invalid("activation_situ_linear_beta", "expected a number or null"))? as f32),
-        };
-        let situ_beta = match t.get("activation_situ_beta") {
-            None | Some(Value::Null) => 1.0,
-            Some(v) => v.as_f64().ok_or_else(|| Error::invalid("activation_situ_beta", "expected a number or null"))? as f32,
-        };
+        // The SiTU op needs both betas finite and > 0 (kernel_api::ops::elementwise): checked
+        // here too, so `inspect` reports what `run` would refuse.
+        let linear_beta = opt_f32_key(t, "activation_situ_linear_beta")?;
+        let situ_beta = opt_f32_key(t, "activation_situ_beta")?.unwrap_or(1.0);
+        for (key, beta) in [("activation_situ_beta", Some(situ_beta)), ("activation_situ_linear_beta", linear_beta)] {
+            if let Some(b) = beta {
+                require(b > 0.0, key, || format!("must be positive, got {b}"))?;
+            }
+        }
         let block = usize_key(t, "attn_res_block_size")?;
         require(block >= 1, "attn_res_block_size", || "must be at least 1".into())?;
         let eps = f32_key(t, "rms_norm_eps")?;
@@ -294,8 +358,8 @@ impl K3Config {
             .and_then(|f| f.as_str())
             .is_some_and(|f| f.contains("mxfp4"));
 
-        Ok(K3Config {
-            vocab_size: usize_key(t, "vocab_size")?,
+        let cfg = K3Config {
+            vocab_size: pos_key(t, "vocab_size")?,
             hidden_size: hidden,
             num_layers,
             intermediate_size: usize_key(t, "intermediate_size")?,
@@ -306,17 +370,38 @@ impl K3Config {
             attn_res_block_size: block,
             first_k_dense_replace: first_dense,
             tie_word_embeddings: t.get("tie_word_embeddings").and_then(|v| v.as_bool()).unwrap_or(false),
-            bos_token_id: opt_u32(t, "bos_token_id").or_else(|| opt_u32(root, "bos_token_id")),
-            eos_token_id: opt_u32(t, "eos_token_id").or_else(|| opt_u32(root, "eos_token_id")),
-            pad_token_id: opt_u32(t, "pad_token_id").or_else(|| opt_u32(root, "pad_token_id")),
-            max_position_embeddings: t.get("max_position_embeddings").and_then(|v| v.as_u64()).unwrap_or(0) as usize,
+            bos_token_id: opt_token_id(t, "bos_token_id")?.or(opt_token_id(root, "bos_token_id")?),
+            eos_token_id: opt_token_id(t, "eos_token_id")?.or(opt_token_id(root, "eos_token_id")?),
+            pad_token_id: opt_token_id(t, "pad_token_id")?.or(opt_token_id(root, "pad_token_id")?),
+            max_position_embeddings: opt_usize_key(t, "max_position_embeddings", 0)?,
             mixers,
             ffns,
             kda,
             mla,
             moe,
             declares_mxfp4,
-        })
+        };
+        cfg.check_tensor_count()?;
+        Ok(cfg)
+    }
+
+    /// An upper bound of the tensors this config asks a checkpoint for must stay within
+    /// [`MAX_TENSORS`], before the inspector or the loader builds any list of them. Each layer
+    /// holds at most 32 tensors besides its routed experts; a MoE layer adds six per expert (MXFP4
+    /// codes and scales of w1, w2, w3).
+    fn check_tensor_count(&self) -> Result<()> {
+        let moe_layers = self.ffns.iter().filter(|f| **f == FfnKind::LatentMoe).count() as u64;
+        let experts = moe_layers * 6 * self.moe.num_experts as u64;
+        let total = experts + 32 * self.num_layers as u64 + 8;
+        if total <= MAX_TENSORS {
+            return Ok(());
+        }
+        let (key, what) = if experts > MAX_TENSORS / 2 {
+            ("num_experts", format!("{} experts x {moe_layers} MoE layers x 6 tensors", self.moe.num_experts))
+        } else {
+            ("num_hidden_layers", format!("{} layers", self.num_layers))
+        };
+        Err(Error::invalid(key, format!("{what} ask for up to {total} tensors, over the limit of {MAX_TENSORS} (model_k3::limits::MAX_TENSORS)")))
     }
 
     /// Layers whose AttnRes snapshot the running partial sum (0-based index % block == 0).

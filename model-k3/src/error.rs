@@ -15,6 +15,9 @@ pub enum ModelError {
     /// A tensor is missing, mis-shaped or mis-typed.
     #[error("tensor `{name}`: {why}")]
     Tensor { name: String, why: String },
+    /// The model produced a NaN or infinite logit: no token is reported from it.
+    #[error("non-finite logits in the {what} at position {position}: vocab entry {index} is {value}; no token is reported from them")]
+    NonFinite { what: String, position: usize, index: usize, value: f32 },
     /// Config, kernel or backend error.
     #[error(transparent)]
     Kernel(#[from] kernel_api::Error),

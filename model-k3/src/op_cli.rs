@@ -38,6 +38,8 @@ pub mod tensors;
 pub use call::Outputs;
 pub use tensors::{read_safetensors, write_safetensors, StoredTensor};
 
+use crate::files::{check_replaceable, read_text_capped};
+use crate::limits::PARAMS_FILE_MAX;
 use kernel_api::conformance::{AllOps, ALL_OPS, COMPOSITIONS};
 use kernel_api::HostTensor;
 use std::collections::BTreeMap;
@@ -138,7 +140,7 @@ pub fn run_op<B: AllOps>(backend: &B, op: &str, inputs: &BTreeMap<String, HostTe
 /// Reads a params file (`None`: no params, `{}`).
 pub fn read_params(path: Option<&Path>) -> Result<serde_json::Value, OpError> {
     let Some(path) = path else { return Ok(serde_json::Value::Object(Default::default())) };
-    let text = std::fs::read_to_string(path).map_err(|e| OpError::file(path, e.to_string()))?;
+    let text = read_text_capped(path, PARAMS_FILE_MAX, "model_k3::limits::PARAMS_FILE_MAX").map_err(|e| OpError::file(path, e.to_string()))?;
     serde_json::from_str(&text).map_err(|e| OpError::file(path, format!("invalid JSON: {e}")))
 }
 
@@ -146,6 +148,7 @@ pub fn read_params(path: Option<&Path>) -> Result<serde_json::Value, OpError> {
 /// Returns the outputs written.
 pub fn run_op_files<B: AllOps>(backend: &B, op: &str, inputs: &Path, params: Option<&Path>, outputs: &Path) -> Result<Outputs, OpError> {
     let op = op_name(op)?;
+    check_replaceable(outputs).map_err(|e| OpError::file(outputs, e.to_string()))?;
     let params = read_params(params)?;
     let stored = read_safetensors(inputs)?;
     let host: BTreeMap<String, HostTensor> = stored.iter().map(|(k, v)| (k.clone(), v.tensor.clone())).collect();

@@ -565,7 +565,8 @@ pub fn load_config(path: Option<&std::path::Path>) -> Result<K3Config> {
     match path {
         None => K3Config::from_json_str(K3_CONFIG_JSON),
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| Error::invalid("--config", format!("{}: {e}", p.display())))?;
+            let text = crate::files::read_text_capped(p, crate::limits::CONFIG_FILE_MAX, "model_k3::limits::CONFIG_FILE_MAX")
+                .map_err(|e| Error::invalid("--config", format!("{}: {e}", p.display())))?;
             K3Config::from_json_str(&text).map_err(|e| rename_prefixed(e, "--config"))
         }
     }

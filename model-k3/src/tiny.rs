@@ -15,6 +15,7 @@ use crate::checkpoint::{dtype_to_st, shard_file_name, INDEX_FILE};
 use crate::config::{K3Config, TINY_CONFIG_JSON};
 use crate::error::{ModelError, Result};
 use crate::inventory::{expected_tensors, ExpertStorage, TensorSpec, PREFIX};
+use crate::tiny_folder::{install, lock_parent, tiny_state, TinyState, COMPLETE_MARKER};
 use half::bf16;
 use kernel_api::conformance::TestRng;
 use kernel_api::formats::{F4E2M1, E8M0};
@@ -114,10 +115,25 @@ fn draw(cfg: &K3Config, seed: u64, s: &TensorSpec) -> Vec<f32> {
     linear(&mut rng, 1.0)
 }
 
-/// Writes the tiny checkpoint into `out` (created if missing). Returns the number of tensors.
+/// Writes the tiny checkpoint into `out`, atomically: the files go to a temporary sibling folder
+/// that is renamed to `out` once complete (with [`COMPLETE_MARKER`] written last; see
+/// [`crate::tiny_folder`]), so `out` is
+/// never seen half-made, even when the writer is killed. `out` may be missing, an empty folder, or
+/// an earlier tiny checkpoint (complete or half-made), which is replaced; a folder holding
+/// anything else, or a path that is not a folder, is refused and left alone. Returns the number of
+/// tensors.
 pub fn write_tiny_checkpoint(out: &Path, seed: u64, bf16_twin: bool) -> Result<usize> {
+    let _lock = lock_parent(out)?;
+    if let TinyState::Foreign(why) = tiny_state(out)? {
+        return Err(ModelError::checkpoint(out, format!("{why}; refusing to replace it (choose a new folder)")));
+    }
+    install(out, seed, bf16_twin)
+}
+
+/// The files of the tiny checkpoint, written into the existing folder `out`, the completion
+/// marker last. Returns the number of tensors.
+pub(crate) fn write_files(out: &Path, seed: u64, bf16_twin: bool) -> Result<usize> {
     let cfg = K3Config::from_json_str(TINY_CONFIG_JSON)?;
-    std::fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
     let cfg_path = out.join("config.json");
     std::fs::write(&cfg_path, TINY_CONFIG_JSON).map_err(|e| ModelError::io(&cfg_path, e))?;
     let storage = if bf16_twin { ExpertStorage::Bf16 } else { ExpertStorage::Mxfp4 };
@@ -177,6 +193,8 @@ pub fn write_tiny_checkpoint(out: &Path, seed: u64, bf16_twin: bool) -> Result<u
     let index_path = out.join(INDEX_FILE);
     let text = serde_json::to_string_pretty(&index).map_err(|e| ModelError::checkpoint(&index_path, e.to_string()))?;
     std::fs::write(&index_path, text).map_err(|e| ModelError::io(&index_path, e))?;
+    let marker = out.join(COMPLETE_MARKER);
+    std::fs::write(&marker, format!("seed {seed}, bf16 twin {bf16_twin}\n")).map_err(|e| ModelError::io(&marker, e))?;
     Ok(specs.len())
 }
 

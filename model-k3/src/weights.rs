@@ -11,6 +11,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::config::{FfnKind, K3Config, MixerKind};
 use crate::error::{ModelError, Result};
+use crate::finite::{copy_checked, describe, CopyError, Encoding};
 use kernel_api::tensor::decode_f32;
 use kernel_api::{Backend, BackendExt, DType, DeviceTensor, HostTensor};
 
@@ -23,7 +24,17 @@ fn host(ck: &Checkpoint, name: &str, shape: &[usize], dtypes: &[DType]) -> Resul
     if !dtypes.contains(&e.dtype) {
         return Err(ModelError::tensor(name, format!("dtype {}, expected {:?}", e.dtype, dtypes)));
     }
-    Ok(HostTensor::from_bytes(e.dtype, shape, ck.bytes(e).to_vec())?)
+    let src = ck.bytes(e);
+    let enc = Encoding::of(&e.name, e.dtype);
+    let bytes = copy_checked(enc, src).map_err(|err| match err {
+        CopyError::NonFinite(i) => {
+            let size = src.len() / e.shape.iter().product::<usize>().max(1);
+            let value = describe(enc, &src[i * size..(i + 1) * size]);
+            ModelError::tensor(&e.name, format!("element {i} is {value}: a weight must be finite"))
+        }
+        CopyError::Alloc(n) => ModelError::tensor(&e.name, format!("cannot allocate {n} bytes on the host")),
+    })?;
+    Ok(HostTensor::from_bytes(e.dtype, shape, bytes)?)
 }
 
 fn f32_values(t: &HostTensor) -> Vec<f32> {
@@ -304,9 +315,19 @@ fn load_moe<B: Backend>(l: &mut Loader<'_, B>, cfg: &K3Config, p: &str) -> Resul
     let packed = ck.entry(&format!("{b}.experts.0.w1.weight_packed")).is_some();
     let stack = |l: &mut Loader<'_, B>, which: &[&str], rows: usize, cols: usize| -> Result<ExpertMatrix<B>> {
         let total_rows = rows * which.len();
+        // Sizes here were checked against the shards' headers by the inspector (`load_model`);
+        // the stacked buffers are still reserved fallibly, with overflow-checked sizes.
+        let stacked = |elem_per_row: usize, what: &str| -> Result<Vec<u8>> {
+            let n = e.checked_mul(total_rows).and_then(|r| r.checked_mul(elem_per_row));
+            let mut v = Vec::new();
+            match n {
+                Some(n) if v.try_reserve_exact(n).is_ok() => Ok(v),
+                _ => Err(ModelError::tensor(format!("{b}.experts.*.{what}"), format!("{e} experts x {total_rows} x {elem_per_row} bytes cannot be allocated on the host"))),
+            }
+        };
         if packed {
-            let mut pk = Vec::with_capacity(e * total_rows * cols / 2);
-            let mut sc = Vec::with_capacity(e * total_rows * cols / 32);
+            let mut pk = stacked(cols / 2, "weight_packed")?;
+            let mut sc = stacked(cols / 32, "weight_scale")?;
             for x in 0..e {
                 for w in which {
                     pk.extend(host(ck, &format!("{b}.experts.{x}.{w}.weight_packed"), &[rows, cols / 2], &[DType::U8])?.bytes);
@@ -318,7 +339,7 @@ fn load_moe<B: Backend>(l: &mut Loader<'_, B>, cfg: &K3Config, p: &str) -> Resul
                 scales: l.up(&HostTensor::from_bytes(DType::U8, &[e, total_rows, cols / 32], sc)?)?,
             })
         } else {
-            let mut bytes = Vec::with_capacity(e * total_rows * cols * 2);
+            let mut bytes = stacked(cols * 2, "weight")?;
             for x in 0..e {
                 for w in which {
                     bytes.extend(host(ck, &format!("{b}.experts.{x}.{w}.weight"), &[rows, cols], BF16)?.bytes);

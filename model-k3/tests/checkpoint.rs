@@ -87,6 +87,7 @@ fn expect_checkpoint_error(d: &Path) -> String {
     }
 }
 
+/// A truncated shard says so, with the expected and actual sizes; trailing data is told apart.
 #[test]
 fn truncated_shard_is_an_error() {
     let d = fresh("trunc", false);
@@ -94,7 +95,17 @@ fn truncated_shard_is_an_error() {
     let bytes = std::fs::read(&p).unwrap();
     std::fs::write(&p, &bytes[..bytes.len() - 100]).unwrap();
     let e = expect_checkpoint_error(&d);
-    assert!(e.contains("model-00006-of-000006"), "{e}");
+    let want = format!("the header's tensors need {} bytes, the file has {} (100 bytes missing", bytes.len(), bytes.len() - 100);
+    assert!(e.contains("model-00006-of-000006") && e.contains("truncated") && e.contains(&want), "{e}");
+    let mut padded = bytes.clone();
+    padded.extend_from_slice(&[0u8; 24]);
+    std::fs::write(&p, &padded).unwrap();
+    let e = expect_checkpoint_error(&d);
+    assert!(e.contains("24 bytes of trailing data") && !e.contains("truncated"), "{e}");
+    std::fs::write(&p, &bytes[..bytes.len() / 3]).unwrap();
+    assert!(expect_checkpoint_error(&d).contains("truncated"));
+    std::fs::write(&p, &bytes[..50]).unwrap();
+    assert!(expect_checkpoint_error(&d).contains("truncated inside the header"));
     let _ = std::fs::remove_dir_all(d);
 }
 
@@ -119,7 +130,9 @@ fn header_lying_about_sizes_is_an_error() {
     out.extend_from_slice(bad.as_bytes());
     out.extend_from_slice(&bytes[8 + n..]);
     std::fs::write(&p, &out).unwrap();
-    expect_checkpoint_error(&d2);
+    // The message names the tensor whose entry no longer matches its data.
+    let e = expect_checkpoint_error(&d2);
+    assert!(e.contains("tensor `language_model.") && e.contains("[512, 127]") && e.contains("needs 130048 bytes"), "{e}");
     let _ = std::fs::remove_dir_all(d);
     let _ = std::fs::remove_dir_all(d2);
 }

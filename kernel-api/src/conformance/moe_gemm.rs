@@ -402,8 +402,9 @@ pub fn moe_gemm_mxfp4_equals_bf16_twin<B: Backend + MoeAlign + MoeGroupedGemm + 
 /// unquantised mode, and measurably different from it (it really quantises).
 pub fn moe_gemm_mxfp8_activations<B: Backend + MoeAlign + MoeGroupedGemm + MoeCombine>(b: &B) {
     let mut rng = TestRng::new(54);
-    for fmt in [MoeWeightFormat::Mxfp4, MoeWeightFormat::Dense] {
-        let c = cfg(8, 64, 32, 4, 2, 4);
+    // block_m 4 and 32: the 16-row and the 64-row chunkings of the MMA kernels.
+    for (fmt, block_m) in [(MoeWeightFormat::Mxfp4, 4), (MoeWeightFormat::Dense, 4), (MoeWeightFormat::Mxfp4, 32)] {
+        let c = cfg(8, 64, 32, 4, 2, block_m);
         let pr = make_problem(&mut rng, &c, fmt);
         let q = Some(MoeActivationQuant::Mxfp8);
         let stage = gate_up_stage(c.linear_beta);

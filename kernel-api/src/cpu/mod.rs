@@ -29,6 +29,12 @@ pub use io::{read_f32, read_i64, write_f32};
 use crate::backend::{Backend, BackendKind, DeviceInfo, Fp8Native};
 use crate::error::{Error, Result};
 
+/// The compute units the CPU reference reports. Fixed, not the rayon thread count: schedules
+/// derived from it (the MLA decode's split-KV partition) change the order of floating-point
+/// reductions, and the reference must give the same bits for any `RAYON_NUM_THREADS` (the
+/// tolerance policy, `crate::tolerance`). One unit: each sequence's attention in one pass.
+pub const CPU_COMPUTE_UNITS: u32 = 1;
+
 /// Host memory used as a device buffer.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HostBuffer(pub Vec<u8>);
@@ -52,14 +58,13 @@ impl Default for CpuBackend {
 
 impl CpuBackend {
     pub fn new() -> Self {
-        let threads = rayon::current_num_threads() as u32;
         CpuBackend {
             info: DeviceInfo {
                 kind: BackendKind::Cpu,
                 arch: "cpu".into(),
                 name: "CPU reference".into(),
                 warp_size: 1,
-                compute_units: threads,
+                compute_units: CPU_COMPUTE_UNITS,
                 shared_mem_per_block: 0,
                 l2_bytes: 0,
                 fp8: Fp8Native::Both,
@@ -67,6 +72,13 @@ impl CpuBackend {
             stream: CpuStream,
         }
     }
+}
+
+/// An empty vector with room for `bytes`: a failed allocation is an error, not an abort.
+fn host_vec(bytes: usize) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(bytes).map_err(|e| Error::invalid("bytes", format!("cannot allocate {bytes} bytes: {e}")))?;
+    Ok(v)
 }
 
 impl Backend for CpuBackend {
@@ -83,13 +95,14 @@ impl Backend for CpuBackend {
         &self.stream
     }
     fn alloc_zeroed(&self, bytes: usize) -> Result<HostBuffer> {
-        let mut v = Vec::new();
-        v.try_reserve_exact(bytes).map_err(|e| Error::invalid("bytes", format!("cannot allocate {bytes} bytes: {e}")))?;
+        let mut v = host_vec(bytes)?;
         v.resize(bytes, 0);
         Ok(HostBuffer(v))
     }
     fn upload(&self, bytes: &[u8]) -> Result<HostBuffer> {
-        Ok(HostBuffer(bytes.to_vec()))
+        let mut v = host_vec(bytes.len())?;
+        v.extend_from_slice(bytes);
+        Ok(HostBuffer(v))
     }
     fn download(&self, buf: &HostBuffer, out: &mut [u8]) -> Result<()> {
         if out.len() != buf.0.len() {

@@ -24,15 +24,22 @@
 // rejects it).
 //
 // moe_gemm_grouped_mma (bf16 input, bf16 or MXFP4 weights: every operand is exact in bf16, and
-// the MXFP8 round trip of a bf16 row stays on bf16's grid): 4 warps in a 2x2 grid, row chunks
-// of kMmaRM = 64 pairs, each warp owning 32 rows x 32 columns of the gate (and up) outputs as
-// k3::mma fragments of the target's bf16 shape (m16n8k16 mma.sync at warp 32, 16x16x16 MFMA at
-// warp 64), loaded from bf16 shared tiles (rows padded by 8 against bank conflicts) through
-// a_coord/b_coord. Fragments of 16-row groups without a pair, and column fragments past n, are
-// skipped (warp-uniform tests), so decode-sized M-blocks cost little; a chunk without any pair
-// is skipped whole. Shared: 64x40 + 128x40 bf16 tiles (GateUp; 64 rows for Down) + 64 ints.
-// Dense and MXFP4 weights reach the MMAs as the same bf16 operands in the same order, so MXFP4
-// results equal the bf16 twin's bit for bit.
+// the MXFP8 round trip of a bf16 row stays on bf16's grid; rows contiguous along k and 16-B
+// aligned, else the launcher takes moe_gemm_grouped): 4 warps; row chunks of kMmaRM = 64 pairs
+// in a 2x2 warp grid of 32 rows x 32 columns, or, in the twin moe_gemm_grouped_m16_mma that the
+// launcher takes at block_m <= 16, chunks of 16 pairs in a 1x4 grid of 16 x 16 (so every warp
+// issues MMAs on a decode-sized M-block), of the gate (and up) outputs as k3::mma fragments of
+// the target's bf16 shape (m16n8k16 mma.sync at warp 32, 16x16x16 MFMA at warp 64), loaded
+// from bf16 shared tiles (pitch 144 B: bank-conflict free) through a_coord/b_coord.
+// Memory at full width: every lane moves 16-B chunks (8 bf16 of an input or weight row, or 32
+// MXFP4 codes = one MX block with its scale byte), k steps of kMmaBK = 64 double-buffered
+// through registers (step s+1's loads are in flight while step s multiplies). MXFP4 is decoded
+// in registers (moe_mxfp4.cuh): e2m1 -> f32 bits by shifts, one multiply by the E8M0 scale
+// (exact), the bf16 pair as the two products' high halves (one byte permute). Fragments of
+// 16-row groups without a pair, and column fragments past n, are skipped (warp-uniform tests);
+// a chunk without any pair is skipped whole. Shared: 64x72 + 128x72 bf16 tiles (one set for
+// both stages) + 3 words per row. Dense and MXFP4 weights reach the MMAs as the same bf16
+// operands in the same order, so MXFP4 results equal the bf16 twin's bit for bit.
 //
 // moe_gemm_grouped (any operand f32: the spec decodes exactly to f32, and an f32 operand is never
 // rounded to bf16): 256 threads, SIMT f32 FMA, row chunks of kMoeRM = 16 (stopping at the first
@@ -40,6 +47,7 @@
 // accumulates every output in ascending k (the contract's sequential order), the same order for
 // dense and MXFP4 weights (so MXFP4 equals the bf16 twin bit for bit here too).
 #include "k3/compat.h"
+#include "moe_mxfp4.cuh"
 
 namespace {
 
@@ -73,23 +81,35 @@ K3_DEVICE int moe_floor_log2(float a) {
   return e;
 }
 
-// The MXFP8 round trip of v, one of the 32 values of a block held by 32 consecutive lanes
-// (formats::Mxfp8Block::quantize then dequantize). Every lane of the warp must call it.
-K3_DEVICE float moe_mxfp8_round_trip(float v) {
-  float amax = k3::abs_f32(v);
-  float bad = (v - v) != 0.0f || v != v ? 1.0f : 0.0f;  // NaN or +-Inf
-  for (int off = 16; off > 0; off >>= 1) {
+// The max of v over aligned groups of `lanes` consecutive lanes (a power of two up to the warp),
+// 1 when any of them has a NaN or Inf (bad = 1: its own flag, or-reduced alongside).
+K3_DEVICE float moe_block_max(float amax, float& bad, int lanes) {
+  for (int off = lanes / 2; off > 0; off >>= 1) {
     const float oa = k3::shfl_xor(amax, off);
     const float ob = k3::shfl_xor(bad, off);
     amax = oa > amax ? oa : amax;
     bad = ob > bad ? ob : bad;
   }
+  return amax;
+}
+
+// The MXFP8 round trip of v (formats::Mxfp8Block::quantize then dequantize) in a block whose
+// largest magnitude is amax (bad: the block holds a NaN or Inf).
+K3_DEVICE float moe_mxfp8_apply(float v, float amax, float bad) {
   if (bad != 0.0f) return k3::uint_as_float(0x7fc00000u);
   if (amax == 0.0f) return v;
   int x = moe_floor_log2(amax) - 8;  // E4M3's largest exponent is 8
   x = x < -127 ? -127 : (x > 127 ? 127 : x);
   const uint8_t code = k3::f32_to_e4m3fn(v * moe_pow2(-x));
   return k3::e4m3fn_to_f32(code) * moe_pow2(x);
+}
+
+// The MXFP8 round trip of v, one of the 32 values of a block held by 32 consecutive lanes.
+// Every lane of the warp must call it.
+K3_DEVICE float moe_mxfp8_round_trip(float v) {
+  float bad = (v - v) != 0.0f || v != v ? 1.0f : 0.0f;  // NaN or +-Inf
+  const float amax = moe_block_max(k3::abs_f32(v), bad, 32);
+  return moe_mxfp8_apply(v, amax, bad);
 }
 
 // The expert of M-block `blk`, or -1 when the block lies past num_tokens_post_padded or has no
@@ -224,66 +244,143 @@ K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int
 }
 K3_EXPORT(moe_gemm_grouped);
 
-// Full unrolling of the constant-trip loops over fragments, so they stay in registers on the
-// GPUs (the host SIMT build has no use for it).
+// Full unrolling of the constant-trip loops over fragments and chunks, so they stay in registers
+// on the GPUs, and one inlined body (an out-of-line call on AMD goes through a scratch stack).
+// The host SIMT build has no use for either.
 #if K3_TARGET_SIMT
 #define MOE_UNROLL
+#define MOE_INLINE
 #else
 #define MOE_UNROLL _Pragma("unroll")
+#define MOE_INLINE __attribute__((always_inline))
+#endif
+// The MMA kernel's block size (4 warps), so AMD may give it the whole register file (the default
+// bound of 1024 threads caps a lane at 128 VGPRs + AGPRs).
+#if K3_TARGET_HIP
+#define MOE_MMA_BOUNDS __attribute__((amdgpu_flat_work_group_size(4 * K3_WARP_SIZE, 4 * K3_WARP_SIZE)))
+#elif K3_TARGET_CUDA
+#define MOE_MMA_BOUNDS __launch_bounds__(128)
+#else
+#define MOE_MMA_BOUNDS
 #endif
 
 namespace {
 
-constexpr int kMmaWarpTile = 32;             // each warp of the 2x2 grid owns 32 rows x 32 columns
-constexpr int kMmaRM = 2 * kMmaWarpTile;     // rows per chunk
-constexpr int kMmaLds = kMoeBK + 8;          // bf16 row pitch of the shared tiles (bank padding)
-static_assert(kMoeBN == 2 * kMmaWarpTile, "two warp columns span the output tile");
+constexpr int kMmaRM = 64;                          // rows per chunk (block_m > 16: 2x2 warps of 32x32)
+constexpr int kMmaSmallRM = 16;                     // rows per chunk at block_m <= 16 (1x4 warps of 16x16)
+constexpr int kMmaThreads = 4 * k3::kWarpSize;      // the launcher sends exactly 4 warps
+constexpr int kMmaBK = 64;                          // k per pipeline step (two MX blocks)
+// bf16 row pitch of the shared tiles: 144 B = 36 words, so the 8 lanes of a 16-B store phase
+// (consecutive chunks of one row, or 64-B MXFP4 runs of four rows) and the fragment loads
+// (rows g, columns t: word 36g + t) all fall in distinct banks.
+constexpr int kMmaLds = kMmaBK + 8;
+constexpr int kBf16Chunk = 8;                       // bf16 per 16-B chunk
+constexpr int kBf16ChunksPerRow = kMmaBK / kBf16Chunk;
+constexpr int kMxChunkK = 32;                       // k per 16-B MXFP4 chunk = one MX block
+constexpr int kMxChunksPerRow = kMmaBK / kMxChunkK;
+static_assert(kMmaThreads % kBf16ChunksPerRow == 0, "every thread stages whole activation chunks");
+
+// The MXFP8 round trip of a 16-B chunk of 8 bf16 held by one lane, 4 consecutive lanes holding
+// the 32 values of one MX block (the amax and NaN/Inf flag reduced over them). Every lane of the
+// warp must call it.
+K3_DEVICE k3::u32x4 moe_mxfp8_chunk(k3::u32x4 x) {
+  float f[8];
+  MOE_UNROLL
+  for (int h = 0; h < 4; ++h) {
+    f[2 * h] = k3::uint_as_float(x.v[h] << 16);
+    f[2 * h + 1] = k3::uint_as_float(x.v[h] & 0xffff0000u);
+  }
+  float amax = 0.0f, bad = 0.0f;
+  MOE_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    const float a = k3::abs_f32(f[i]);
+    amax = a > amax ? a : amax;
+    bad = (f[i] - f[i]) != 0.0f || f[i] != f[i] ? 1.0f : bad;
+  }
+  amax = moe_block_max(amax, bad, 4);
+  k3::u32x4 o;
+  MOE_UNROLL
+  for (int h = 0; h < 4; ++h) {
+    o.v[h] = k3::pack_bf16x2_rn(moe_mxfp8_apply(f[2 * h], amax, bad), moe_mxfp8_apply(f[2 * h + 1], amax, bad));
+  }
+  return o;
+}
 
 // The MMA twin of moe_gemm_grouped's block (see the header). kGateUp selects the stage at compile
-// time so the down stage carries no up accumulators.
-template <class S, bool kGateUp>
-K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s1, const void* weight, int64_t w_s0,
-                                  int64_t w_s1, int64_t w_s2, const uint8_t* scale, int64_t sc_s0, int64_t sc_s1,
-                                  int64_t sc_s2, const int* sorted, int64_t sorted_s0, const int* expert_ids,
-                                  int64_t eid_s0, const int* num_post_padded, const float* topk_weights,
-                                  int64_t tw_s0, int64_t tw_s1, void* out, int out_dt, int64_t out_s0,
-                                  int64_t out_s1, int pairs, int top_k, int experts, int block_m, int k, int n,
-                                  int max_padded, float beta, float linear_beta, int mxfp8, k3::ErrorRecord* err) {
+// time so the down stage carries no up accumulators. The launcher guarantees 16-B rows: input
+// and weights contiguous along k, row strides and base addresses multiples of 16 bytes, k a
+// multiple of 8 (of 32 for MXFP4).
+// The block's shared memory, declared once in the kernel for both stages (the down stage uses
+// the first kMoeBN weight rows).
+struct alignas(16) MoeMmaShared {
+  k3::bf16 a_tile[kMmaRM][kMmaLds];
+  k3::bf16 w_tile[2 * kMoeBN][kMmaLds];
+  int row_pair[kMmaRM];
+  int row_in[kMmaRM];    // the input row of each pair (its token for GateUp), -1 for none
+  float row_w[kMmaRM];   // Down: the pair's router weight
+};
+
+template <class S, bool kGateUp, int kRM>
+MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void* input, int64_t in_s0,
+                                             const void* weight, int64_t w_s0, int64_t w_s1, const uint8_t* scale,
+                                             int64_t sc_s0, int64_t sc_s1, int64_t sc_s2, const int* sorted,
+                                             int64_t sorted_s0, const float* topk_weights, int64_t tw_s0,
+                                             int64_t tw_s1, void* out, int out_dt, int64_t out_s0, int64_t out_s1,
+                                             int pairs, int top_k, int block_m, int k, int n, float beta,
+                                             float linear_beta, int mxfp8, k3::ErrorRecord* err) {
   using namespace k3::mma;
   static_assert(S::M == 16, "row groups of 16 are fragment rows");
-  constexpr int kFragsM = kMmaWarpTile / S::M;
-  constexpr int kFragsN = kMmaWarpTile / S::N;
+  // The 4 warps tile the kRM x kMoeBN chunk: 2x2 of 32x32 at 64 rows, 1x4 of 16x16 at 16 rows,
+  // so at block_m <= 16 every warp has a live row group.
+  static_assert(kRM == kMmaRM || kRM == kMmaSmallRM, "64- or 16-row chunks");
+  constexpr int kWarpsM = kRM == kMmaRM ? 2 : 1;
+  constexpr int kWarpsN = 4 / kWarpsM;
+  constexpr int kFragsM = kRM / kWarpsM / S::M;
+  constexpr int kFragsN = kMoeBN / kWarpsN / S::N;
+  static_assert(kFragsM >= 1 && kFragsN >= 1, "a warp tile holds whole fragments");
   constexpr int kWRows = kGateUp ? 2 * kMoeBN : kMoeBN;
-  K3_SHARED(k3::bf16, a_tile, [kMmaRM][kMmaLds]);
-  K3_SHARED(k3::bf16, w_tile, [kWRows][kMmaLds]);
-  K3_SHARED(int, row_pair, [kMmaRM]);
+  // Chunks each thread stages per step: activations, bf16 weights, MXFP4 weights (the last two
+  // rounded up; chunk ids past the tile stage nothing).
+  constexpr int kATotal = kRM * kBf16ChunksPerRow;
+  constexpr int kAChunks = (kATotal + kMmaThreads - 1) / kMmaThreads;
+  constexpr int kWChunks = (kWRows * kBf16ChunksPerRow + kMmaThreads - 1) / kMmaThreads;
+  constexpr int kXChunks = (kWRows * kMxChunksPerRow + kMmaThreads - 1) / kMmaThreads;
 
+  auto& a_tile = sh.a_tile;
+  auto& w_tile = sh.w_tile;
+  int* row_pair = sh.row_pair;
+  int* row_in = sh.row_in;
+  float* row_w = sh.row_w;
   const int tid = static_cast<int>(k3::thread_idx_x());
-  const int threads = static_cast<int>(k3::block_dim_x());
   const int blk = static_cast<int>(k3::block_idx_x());
   const int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN;
-  const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
-  if (e < 0) return;
 
   const int warp = static_cast<int>(k3::warp_id());
-  const int wm = (warp / 2) * kMmaWarpTile;
-  const int wn = (warp % 2) * kMmaWarpTile;
+  const int wm = (warp / kWarpsN) * (kRM / kWarpsM);
+  const int wn = (warp % kWarpsN) * (kMoeBN / kWarpsN);
   // Column fragments wholly past n are skipped (warp-uniform, like the row fragments below).
   bool col_live[kFragsN];
   MOE_UNROLL
   for (int j = 0; j < kFragsN; ++j) col_live[j] = n0 + wn + j * S::N < n;
-  const k3::bf16 zero = {0};
   const k3::bf16* in_bf16 = static_cast<const k3::bf16*>(input);
-  const k3::bf16* w_bf16 = static_cast<const k3::bf16*>(weight);
-  const uint8_t* w_mx = static_cast<const uint8_t*>(weight);
+  const k3::bf16* w_bf16 = static_cast<const k3::bf16*>(weight) + e * w_s0;
+  const uint8_t* w_mx = static_cast<const uint8_t*>(weight) + e * w_s0;
+  const uint8_t* sc_e = scale != nullptr ? scale + e * sc_s0 : nullptr;
+  const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
+  const int steps = (k + kMmaBK - 1) / kMmaBK;
 
-  for (int m0 = 0; m0 < block_m; m0 += kMmaRM) {
-    if (tid < kMmaRM) row_pair[tid] = moe_row_pair(sorted, sorted_s0, blk, block_m, m0 + tid, pairs, err);
+  for (int m0 = 0; m0 < block_m; m0 += kRM) {
+    if (tid < kRM) {
+      const int p = moe_row_pair(sorted, sorted_s0, blk, block_m, m0 + tid, pairs, err);
+      row_pair[tid] = p;
+      row_in[tid] = p < 0 ? -1 : (kGateUp ? p / top_k : p);
+      if (!kGateUp) row_w[tid] = p < 0 ? 0.0f : topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
+    }
     k3::sync_threads();
     // Which 16-row groups of the chunk hold a pair: fragments of empty groups are neither
     // multiplied nor stored, and an empty chunk is skipped (the same value in every thread).
     unsigned live_groups = 0;
-    for (int r = 0; r < kMmaRM; ++r) live_groups |= row_pair[r] >= 0 ? 1u << (r / 16) : 0u;
+    for (int r = 0; r < kRM; ++r) live_groups |= row_pair[r] >= 0 ? 1u << (r / 16) : 0u;
     if (live_groups == 0) {
       k3::sync_threads();  // row_pair is rewritten by the next chunk
       continue;
@@ -303,82 +400,112 @@ K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s
       }
     }
 
-    for (int k0 = 0; k0 < k; k0 += kMoeBK) {
-      const int kn = k - k0 < kMoeBK ? k - k0 : kMoeBK;
-      // Gather the chunk's input rows as bf16; lanes map to consecutive k of one row. The MXFP8
-      // round trip of a bf16 row is exact in bf16 (e4m3 code x 2^x on the input's grid).
-      for (int idx = tid; idx < kMmaRM * kMoeBK; idx += threads) {
-        const int r = idx / kMoeBK;
-        const int kk = idx % kMoeBK;
-        const int p = row_pair[r];
-        k3::bf16 v = zero;
-        if (p >= 0 && kk < kn) {
-          const int64_t in_row = kGateUp ? p / top_k : p;
-          v = in_bf16[in_row * in_s0 + static_cast<int64_t>(k0 + kk) * in_s1];
+    // Register-staged double buffering: iteration s writes step s-1's chunks (held in
+    // registers) to shared memory, then issues step s's 16-B global loads, which stay in flight
+    // while the warps multiply step s-1 out of shared memory.
+    k3::u32x4 a_reg[kAChunks];
+    k3::u32x4 w_reg[kWChunks];  // bf16 chunks, or the first kXChunks MXFP4 chunks
+    uint32_t s_reg[kXChunks];
+    for (int s = 0; s <= steps; ++s) {
+      if (s > 0) {
+        MOE_UNROLL
+        for (int i = 0; i < kAChunks; ++i) {
+          const int q = tid + i * kMmaThreads;
+          const k3::u32x4 v = mxfp8 ? moe_mxfp8_chunk(a_reg[i]) : a_reg[i];  // the 4 lanes of an MX block
+          if (kATotal % kMmaThreads != 0 && q >= kATotal) break;
+          k3::store_16b(&a_tile[q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk], v);
         }
-        if (mxfp8) v = k3::f32_to_bf16(moe_mxfp8_round_trip(k3::bf16_to_f32(v)));  // the 32 lanes hold one MX block
-        a_tile[r][kk] = v;
-      }
-      // Decode the expert's weight rows of the tile (gate rows, then the matching up rows).
-      if (scale != nullptr) {
-        // MXFP4: one byte (two k) per thread; k % 32 == 0 so the step is one whole MX block with
-        // one scale per row. e2m1 x 2^(S-127) is exact in bf16.
-        for (int idx = tid; idx < kWRows * (kMoeBK / 2); idx += threads) {
-          const int lr = idx / (kMoeBK / 2);
-          const int b = idx % (kMoeBK / 2);
-          const int j = n0 + lr % kMoeBN;
-          k3::bf16 lo = zero, hi = zero;
-          if (j < n) {
-            const int64_t row = lr < kMoeBN ? j : n + j;
-            const uint8_t byte = w_mx[e * w_s0 + row * w_s1 + (k0 / 2 + b) * w_s2];
-            const float s = k3::load_f32(scale, k3::kE8M0, e * sc_s0 + row * sc_s1 + (k0 / kMoeBK) * sc_s2);
-            lo = k3::f32_to_bf16(moe_e2m1(byte & 0x0fu) * s);
-            hi = k3::f32_to_bf16(moe_e2m1(byte >> 4) * s);
+        if (scale != nullptr) {
+          MOE_UNROLL
+          for (int i = 0; i < kXChunks; ++i) {
+            const int q = tid + i * kMmaThreads;
+            if (q >= kWRows * kMxChunksPerRow) break;
+            const float sf = moe::e8m0_f32(s_reg[i]);
+            k3::bf16* dst = &w_tile[q / kMxChunksPerRow][(q % kMxChunksPerRow) * kMxChunkK];
+            MOE_UNROLL
+            for (int h = 0; h < 4; ++h) k3::store_16b(dst + h * kBf16Chunk, moe::mxfp4_word_to_bf16(w_reg[i].v[h], sf));
           }
-          w_tile[lr][2 * b] = lo;
-          w_tile[lr][2 * b + 1] = hi;
-        }
-      } else {
-        for (int idx = tid; idx < kWRows * kMoeBK; idx += threads) {
-          const int lr = idx / kMoeBK;
-          const int kk = idx % kMoeBK;
-          const int j = n0 + lr % kMoeBN;
-          k3::bf16 v = zero;
-          if (j < n && kk < kn) {
-            const int64_t row = lr < kMoeBN ? j : n + j;
-            v = w_bf16[e * w_s0 + row * w_s1 + static_cast<int64_t>(k0 + kk) * w_s2];
+        } else {
+          MOE_UNROLL
+          for (int i = 0; i < kWChunks; ++i) {
+            const int q = tid + i * kMmaThreads;
+            if (q >= kWRows * kBf16ChunksPerRow) break;
+            k3::store_16b(&w_tile[q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk], w_reg[i]);
           }
-          w_tile[lr][kk] = v;
         }
       }
       k3::sync_threads();
-      // Ascending k, one fragment step at a time: the same order for dense and MXFP4 weights.
-      for (int kk = 0; kk < kn; kk += S::K) {
-        FragA<S> fa[kFragsM];
+      if (s < steps) {
+        const int k0 = s * kMmaBK;
         MOE_UNROLL
-        for (int i = 0; i < kFragsM; ++i) {
-          if (row_live[i]) load_a(fa[i], &a_tile[wm + i * S::M][kk], kMmaLds);
+        for (int i = 0; i < kAChunks; ++i) {
+          const int q = tid + i * kMmaThreads;
+          const int in_row = q < kATotal ? row_in[q / kBf16ChunksPerRow] : -1;
+          const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
+          a_reg[i] = in_row >= 0 && kc < k ? k3::load_16b(in_bf16 + in_row * in_s0 + kc) : zero16;
         }
-        MOE_UNROLL
-        for (int j = 0; j < kFragsN; ++j) {
-          if (!col_live[j]) continue;
-          // B[k][n] = W[n][k]: the weight tile is B transposed.
-          FragB<S> fb;
-          load_b_transposed(fb, &w_tile[wn + j * S::N][kk], kMmaLds);
+        if (scale != nullptr) {
           MOE_UNROLL
-          for (int i = 0; i < kFragsM; ++i) {
-            if (row_live[i]) mma_sync(acc_g[i][j], fa[i], fb, acc_g[i][j]);
+          for (int i = 0; i < kXChunks; ++i) {
+            const int q = tid + i * kMmaThreads;
+            const int lr = q / kMxChunksPerRow;
+            const int j = n0 + lr % kMoeBN;
+            const int kc = k0 + (q % kMxChunksPerRow) * kMxChunkK;
+            w_reg[i] = zero16;
+            s_reg[i] = 0u;
+            if (q < kWRows * kMxChunksPerRow && j < n && kc < k) {
+              const int64_t row = lr < kMoeBN ? j : n + j;
+              w_reg[i] = k3::load_16b(w_mx + row * w_s1 + kc / 2);
+              s_reg[i] = sc_e[row * sc_s1 + (kc / kMxChunkK) * sc_s2];
+            }
           }
-          if constexpr (kGateUp) {
-            load_b_transposed(fb, &w_tile[kMoeBN + wn + j * S::N][kk], kMmaLds);
-            MOE_UNROLL
-            for (int i = 0; i < kFragsM; ++i) {
-              if (row_live[i]) mma_sync(acc_u[i][j], fa[i], fb, acc_u[i][j]);
+        } else {
+          MOE_UNROLL
+          for (int i = 0; i < kWChunks; ++i) {
+            const int q = tid + i * kMmaThreads;
+            const int lr = q / kBf16ChunksPerRow;
+            const int j = n0 + lr % kMoeBN;
+            const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
+            w_reg[i] = zero16;
+            if (q < kWRows * kBf16ChunksPerRow && j < n && kc < k) {
+              const int64_t row = lr < kMoeBN ? j : n + j;
+              w_reg[i] = k3::load_16b(w_bf16 + row * w_s1 + kc);
             }
           }
         }
       }
-      k3::sync_threads();  // tiles are consumed before the next step overwrites them
+      if (s > 0) {
+        const int k0 = (s - 1) * kMmaBK;
+        const int kn = k - k0 < kMmaBK ? k - k0 : kMmaBK;
+        // Ascending k, one fragment step at a time: the same order for dense and MXFP4 weights.
+        // Columns past k hold zeros in both tiles.
+        for (int kk = 0; kk < kn; kk += S::K) {
+          FragA<S> fa[kFragsM];
+          MOE_UNROLL
+          for (int i = 0; i < kFragsM; ++i) {
+            if (row_live[i]) load_a(fa[i], &a_tile[wm + i * S::M][kk], kMmaLds);
+          }
+          MOE_UNROLL
+          for (int j = 0; j < kFragsN; ++j) {
+            if (!col_live[j]) continue;
+            // B[k][n] = W[n][k]: the weight tile is B transposed.
+            FragB<S> fb;
+            load_b_transposed(fb, &w_tile[wn + j * S::N][kk], kMmaLds);
+            MOE_UNROLL
+            for (int i = 0; i < kFragsM; ++i) {
+              if (row_live[i]) mma_sync(acc_g[i][j], fa[i], fb, acc_g[i][j]);
+            }
+            if constexpr (kGateUp) {
+              load_b_transposed(fb, &w_tile[kMoeBN + wn + j * S::N][kk], kMmaLds);
+              MOE_UNROLL
+              for (int i = 0; i < kFragsM; ++i) {
+                if (row_live[i]) mma_sync(acc_u[i][j], fa[i], fb, acc_u[i][j]);
+              }
+            }
+          }
+        }
+      }
+      k3::sync_threads();  // the tiles are consumed before the next iteration overwrites them
     }
 
     // Epilogue from the fragments: the gate and up accumulators of a slot share (row, col).
@@ -398,7 +525,7 @@ K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s
           if constexpr (kGateUp) {
             v = k3::situ_glu_f32(acc_g[i][j].x[s], acc_u[i][j].x[s], beta, linear_beta);
           } else {
-            v = acc_g[i][j].x[s] * topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
+            v = acc_g[i][j].x[s] * row_w[wm + i * S::M + rc.row];
           }
           k3::store_f32(out, out_dt, p * out_s0 + col * out_s1, v);
         }
@@ -410,31 +537,78 @@ K3_DEVICE void moe_gemm_mma_block(const void* input, int64_t in_s0, int64_t in_s
 
 }  // namespace
 
-// Same arguments as moe_gemm_grouped; the launcher sends only bf16 input and bf16 or MXFP4
-// weights here (in_dt and w_dt are then implied). Block: 4 warps (4 * kWarpSize threads).
-K3_KERNEL void moe_gemm_grouped_mma(const void* input, int in_dt, int64_t in_s0, int64_t in_s1, const void* weight,
-                                    int w_dt, int64_t w_s0, int64_t w_s1, int64_t w_s2, const uint8_t* scale,
-                                    int64_t sc_s0, int64_t sc_s1, int64_t sc_s2, const int* sorted, int64_t sorted_s0,
-                                    const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
-                                    const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out, int out_dt,
-                                    int64_t out_s0, int64_t out_s1, int pairs, int top_k, int experts, int block_m,
-                                    int k, int n, int max_padded, int gate_up, float beta, float linear_beta,
-                                    int mxfp8, k3::ErrorRecord* err) {
-  (void)in_dt;
-  (void)w_dt;
+namespace {
+
+// The MMA kernels' body: the stage picks the block instance (gate/up or down).
+template <int kRM>
+MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, const void* weight, int64_t w_s0,
+                                              int64_t w_s1, const uint8_t* scale, int64_t sc_s0, int64_t sc_s1,
+                                              int64_t sc_s2, const int* sorted, int64_t sorted_s0,
+                                              const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
+                                              const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out,
+                                              int out_dt, int64_t out_s0, int64_t out_s1, int pairs, int top_k,
+                                              int experts, int block_m, int k, int n, int max_padded, int gate_up,
+                                              float beta, float linear_beta, int mxfp8, k3::ErrorRecord* err) {
+  K3_SHARED(MoeMmaShared, sh_block, [1]);
+  MoeMmaShared& sh = sh_block[0];
+  const int blk = static_cast<int>(k3::block_idx_x());
+  const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
+  if (e < 0) return;
   if (gate_up) {
-    moe_gemm_mma_block<k3::mma::Bf16Shape, true>(input, in_s0, in_s1, weight, w_s0, w_s1, w_s2, scale, sc_s0, sc_s1,
-                                                 sc_s2, sorted, sorted_s0, expert_ids, eid_s0, num_post_padded,
-                                                 topk_weights, tw_s0, tw_s1, out, out_dt, out_s0, out_s1, pairs,
-                                                 top_k, experts, block_m, k, n, max_padded, beta, linear_beta, mxfp8, err);
+    moe_gemm_mma_block<k3::mma::Bf16Shape, true, kRM>(sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1,
+                                                      sc_s2, sorted, sorted_s0, topk_weights, tw_s0, tw_s1, out,
+                                                      out_dt, out_s0, out_s1, pairs, top_k, block_m, k, n, beta,
+                                                      linear_beta, mxfp8, err);
   } else {
-    moe_gemm_mma_block<k3::mma::Bf16Shape, false>(input, in_s0, in_s1, weight, w_s0, w_s1, w_s2, scale, sc_s0, sc_s1,
-                                                  sc_s2, sorted, sorted_s0, expert_ids, eid_s0, num_post_padded,
-                                                  topk_weights, tw_s0, tw_s1, out, out_dt, out_s0, out_s1, pairs,
-                                                  top_k, experts, block_m, k, n, max_padded, beta, linear_beta, mxfp8, err);
+    moe_gemm_mma_block<k3::mma::Bf16Shape, false, kRM>(sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1,
+                                                       sc_s2, sorted, sorted_s0, topk_weights, tw_s0, tw_s1, out,
+                                                       out_dt, out_s0, out_s1, pairs, top_k, block_m, k, n, beta,
+                                                       linear_beta, mxfp8, err);
   }
 }
+
+}  // namespace
+
+// Same arguments as moe_gemm_grouped; the launcher sends only bf16 input and bf16 or MXFP4
+// weights here, with 16-B rows (see moe_gemm_mma_block; in_dt, w_dt, in_s1 = w_s2 = 1 are then
+// implied). Block: 4 warps (4 * kWarpSize threads). Row chunks of 64 (block_m > 16).
+K3_KERNEL MOE_MMA_BOUNDS void moe_gemm_grouped_mma(const void* input, int in_dt, int64_t in_s0, int64_t in_s1,
+                                                   const void* weight, int w_dt, int64_t w_s0, int64_t w_s1,
+                                                   int64_t w_s2, const uint8_t* scale, int64_t sc_s0, int64_t sc_s1,
+                                                   int64_t sc_s2, const int* sorted, int64_t sorted_s0,
+                                                   const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
+                                                   const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out,
+                                                   int out_dt, int64_t out_s0, int64_t out_s1, int pairs, int top_k,
+                                                   int experts, int block_m, int k, int n, int max_padded, int gate_up,
+                                                   float beta, float linear_beta, int mxfp8, k3::ErrorRecord* err) {
+  (void)in_dt, (void)w_dt, (void)in_s1, (void)w_s2;
+  moe_gemm_mma_kernel<kMmaRM>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0,
+                              expert_ids, eid_s0, num_post_padded, topk_weights, tw_s0, tw_s1, out, out_dt, out_s0,
+                              out_s1, pairs, top_k, experts, block_m, k, n, max_padded, gate_up, beta, linear_beta,
+                              mxfp8, err);
+}
 K3_EXPORT(moe_gemm_grouped_mma);
+
+// moe_gemm_grouped_mma at block_m <= 16 (decode): row chunks of 16, each warp 16 rows x 16
+// columns, so all 4 warps issue MMAs for a full M-block.
+K3_KERNEL MOE_MMA_BOUNDS void moe_gemm_grouped_m16_mma(const void* input, int in_dt, int64_t in_s0, int64_t in_s1,
+                                                       const void* weight, int w_dt, int64_t w_s0, int64_t w_s1,
+                                                       int64_t w_s2, const uint8_t* scale, int64_t sc_s0,
+                                                       int64_t sc_s1, int64_t sc_s2, const int* sorted,
+                                                       int64_t sorted_s0, const int* expert_ids, int64_t eid_s0,
+                                                       const int* num_post_padded, const float* topk_weights,
+                                                       int64_t tw_s0, int64_t tw_s1, void* out, int out_dt,
+                                                       int64_t out_s0, int64_t out_s1, int pairs, int top_k,
+                                                       int experts, int block_m, int k, int n, int max_padded,
+                                                       int gate_up, float beta, float linear_beta, int mxfp8,
+                                                       k3::ErrorRecord* err) {
+  (void)in_dt, (void)w_dt, (void)in_s1, (void)w_s2;
+  moe_gemm_mma_kernel<kMmaSmallRM>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0,
+                                   expert_ids, eid_s0, num_post_padded, topk_weights, tw_s0, tw_s1, out, out_dt,
+                                   out_s0, out_s1, pairs, top_k, experts, block_m, k, n, max_padded, gate_up, beta,
+                                   linear_beta, mxfp8, err);
+}
+K3_EXPORT(moe_gemm_grouped_m16_mma);
 
 // out[r, j] = 0 for every row: rows of pairs that no block serves (expert map) must read zero.
 K3_KERNEL void moe_gemm_zero_rows(void* out, int out_dt, int64_t out_s0, int64_t out_s1, int64_t rows, int n) {

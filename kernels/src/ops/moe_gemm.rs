@@ -2,20 +2,22 @@
 //! one grouped-GEMM kernel on a grid of (M-blocks, 64-column tiles); `moe_combine_sum` one block
 //! per token.
 //!
-//! Kernel choice: `moe_gemm_grouped_mma` (bf16 tensor-core fragments, 4 warps) when every operand
-//! entering the product is exact in bf16: bf16 input (with or without the MXFP8 round trip, whose
+//! Kernel choice: `moe_gemm_grouped_mma` (bf16 tensor-core fragments, 4 warps; its 16-row twin
+//! `moe_gemm_grouped_m16_mma` at `block_m` <= 16) when every operand entering the product is
+//! exact in bf16 and the input and weight rows are contiguous along k and 16-byte aligned (the
+//! kernels move them in 16-byte vectors): bf16 input (with or without the MXFP8 round trip, whose
 //! e4m3 x 2^x values of a bf16 row stay on bf16's grid) and bf16 or MXFP4 weights (e2m1 x
-//! 2^(S-127) is exact in bf16). Otherwise (f32 input or f32 weights) `moe_gemm_grouped`, the f32
+//! 2^(S-127) is exact in bf16). Otherwise (f32 input or f32 weights, other layouts) `moe_gemm_grouped`, the f32
 //! FMA kernel: the spec decodes operands exactly to f32, so an f32 operand is never rounded to
 //! bf16. Both kernels take the same arguments and use the same tiles and epilogues.
 
 use crate::gpu_backend::{arg, blocks_for, dtype_code, to_i32, GpuBackend};
-use crate::runtime::{KernelArgs, LaunchConfig, Runtime};
+use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
 use kernel_api::ops::{
     check_workspace, MoeActivationQuant, MoeCombine, MoeCombineArgs, MoeCombineParams, MoeCombinePlan, MoeGemmArgs,
     MoeGemmParams, MoeGemmPlan, MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
 };
-use kernel_api::{Backend, DType, Error, Result, TensorRef};
+use kernel_api::{Backend, DType, Error, Layout, Result, TensorRef};
 
 const THREADS: u32 = 256;
 /// Warps of the MMA kernel (a 2x2 grid of 32x32 warp tiles).
@@ -27,6 +29,13 @@ const TILE_N: usize = 64;
 /// products exactly (see the module docs).
 fn uses_mma(p: &MoeGemmParams, input: DType, weight: DType) -> bool {
     input == DType::BF16 && (p.weights == MoeWeightFormat::Mxfp4 || weight == DType::BF16)
+}
+
+/// Whether every row of `t` (its last dimension contiguous, the others the row strides) starts on
+/// a 16-byte boundary, so the MMA kernel can move it in 16-byte vectors.
+fn rows_16b(ptr: DevicePtr, t: &Layout) -> bool {
+    let (Some((&inner, outer)), bytes) = (t.strides.split_last(), t.dtype.size_bytes()) else { return false };
+    ptr.0 % 16 == 0 && inner == 1 && outer.iter().all(|&s| (s * bytes) % 16 == 0)
 }
 
 impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
@@ -76,11 +85,12 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
 
         let (inp, w) = (&args.input.layout, &args.weight.layout);
         let mut a = KernelArgs::new();
-        arg(&mut a, self.ptr(args.input.buf, inp));
+        let (in_ptr, w_ptr) = (self.ptr(args.input.buf, inp), self.ptr(args.weight.buf, w));
+        arg(&mut a, in_ptr);
         arg(&mut a, dtype_code(inp.dtype));
         arg(&mut a, inp.strides[0] as i64);
         arg(&mut a, inp.strides[1] as i64);
-        arg(&mut a, self.ptr(args.weight.buf, w));
+        arg(&mut a, w_ptr);
         arg(&mut a, dtype_code(w.dtype));
         for &s in &w.strides[..3] {
             arg(&mut a, s as i64);
@@ -121,8 +131,13 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
             u32::try_from(plan.num_blocks).map_err(|_| Error::unsupported("params.routing", "too many M-blocks"))?,
             p.n.div_ceil(TILE_N) as u32,
         );
-        let (name, threads) = if uses_mma(p, inp.dtype, w.dtype) {
-            ("moe_gemm_grouped_mma", MMA_WARPS * self.device_info().warp_size)
+        // The MMA kernel reads input and weight rows in 16-byte vectors (k a multiple of 8, so
+        // every 8-element chunk is whole); other layouts take the f32 kernel.
+        let vector_rows = p.k % 8 == 0 && rows_16b(in_ptr, inp) && rows_16b(w_ptr, w);
+        let (name, threads) = if uses_mma(p, inp.dtype, w.dtype) && vector_rows {
+            // Decode-sized M-blocks take the 16-row tiling, where every warp owns live rows.
+            let name = if r.block_m <= 16 { "moe_gemm_grouped_m16_mma" } else { "moe_gemm_grouped_mma" };
+            (name, MMA_WARPS * self.device_info().warp_size)
         } else {
             ("moe_gemm_grouped", THREADS)
         };

@@ -9,8 +9,10 @@ use model_k3::inspect::inspect_dir;
 use model_k3::kv_default::resolve_kv_cache_dtype;
 use model_k3::model::ModelOptions;
 use model_k3::op_cli::run_op_files;
-use model_k3::runner::{load_model, write_npy};
+use model_k3::checkpoint::read_config;
+use model_k3::runner::{check_run_request, load_model, parity, write_npy};
 use model_k3::tiny::write_tiny_checkpoint;
+use model_k3::tiny_folder::{ensure_tiny_checkpoint, Ensured};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -171,7 +173,11 @@ fn main() -> ExitCode {
         },
         Cmd::Demo { model, max_new_tokens, backend } => with_backend!(backend.name().as_str(), |b| demo(&model, max_new_tokens, b)),
         Cmd::Run { model, prompt_ids, max_new_tokens, kv_cache_dtype, kv_scale, chunk, logits_out, backend } => {
-            let opts = ModelOptions { kv_scale, ..run_options(prompt_ids.len() + max_new_tokens) };
+            let tokens = read_config(&model).and_then(|cfg| check_run_request(&cfg, &prompt_ids, max_new_tokens, chunk, kv_scale, logits_out.as_deref()));
+            let opts = match tokens {
+                Ok(tokens) => ModelOptions { kv_scale, ..run_options(tokens) },
+                Err(e) => return fail(e),
+            };
             with_backend!(backend.name().as_str(), |b| {
                 // `fp8` / `fp8-tiled` take the backend's own flavour.
                 match resolve_kv_cache_dtype(&kv_cache_dtype, b.device_info()) {
@@ -236,13 +242,13 @@ fn run<B: ModelBackend>(dir: &Path, prompt: &[u32], max_new: usize, chunk: usize
         Err(e) => return fail(e),
     };
     let t = Instant::now();
-    let g = match m.generate(0, prompt, max_new, chunk) {
+    let g = match m.generate_with(0, prompt, max_new, chunk, logits_out.is_some()) {
         Ok(g) => g,
         Err(e) => return fail(e),
     };
     let secs = t.elapsed().as_secs_f64();
     println!("tokens: {}", g.tokens.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
-    println!("{} positions in {:.3} s ({:.1} tokens/s)", g.rows(), secs, g.rows() as f64 / secs.max(1e-9));
+    println!("{} positions in {:.3} s ({:.1} tokens/s)", g.positions, secs, g.positions as f64 / secs.max(1e-9));
     if let Some(p) = logits_out {
         if let Err(e) = write_npy(p, g.rows(), g.vocab, &g.logits) {
             return fail(e);
@@ -256,11 +262,13 @@ fn demo<B: ModelBackend>(dir: &Path, max_new: usize, backend: B) -> ExitCode {
     let backend_name = backend.name().to_string();
     let t0 = Instant::now();
     println!("[1/5] checkpoint: {}", dir.display());
-    if !dir.join("config.json").exists() {
-        match write_tiny_checkpoint(dir, 7, false) {
-            Ok(n) => println!("      wrote the tiny K3 checkpoint ({n} tensors, MXFP4 experts)"),
-            Err(e) => return fail(e),
+    match ensure_tiny_checkpoint(dir, 7, false) {
+        Ok(Ensured::Made(n)) => println!("      wrote the tiny K3 checkpoint ({n} tensors, MXFP4 experts)"),
+        Ok(Ensured::Remade { why, tensors }) => {
+            println!("      found a half-made tiny checkpoint ({why}); wrote it again ({tensors} tensors)")
         }
+        Ok(_) => {}
+        Err(e) => return fail(e),
     }
     match inspect_dir(dir) {
         Ok(r) if r.ok() => println!("      inspect: OK ({} tensors, {:.1}% quantised bytes)", r.tensors, 100.0 * r.quantized_fraction),
@@ -295,17 +303,17 @@ fn demo<B: ModelBackend>(dir: &Path, max_new: usize, backend: B) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    let c = kernel_api::tolerance::compare(&g.logits, &r.logits);
-    let ok = r.tokens == g.tokens && c.rel_rmse <= kernel_api::Tolerance::F32_ALGO.rel_rmse;
+    let p = parity(&g, &r, kernel_api::Tolerance::F32_ALGO);
     println!(
-        "      parity: tokens {}, logits rel RMSE {:.2e} (limit {:.0e}) -> {}",
-        if r.tokens == g.tokens { "equal" } else { "DIFFER" },
-        c.rel_rmse,
+        "      parity: tokens {}, logits rel RMSE {:.2e} (limit {:.0e}){} -> {}",
+        if p.tokens_equal { "equal" } else { "DIFFER" },
+        p.rel_rmse,
         kernel_api::Tolerance::F32_ALGO.rel_rmse,
-        if ok { "OK" } else { "FAILED" }
+        if p.nonfinite == (0, 0) { String::new() } else { format!(", non-finite logits {} / {} (reference)", p.nonfinite.0, p.nonfinite.1) },
+        if p.ok { "OK" } else { "FAILED" }
     );
     println!("done in {:.2} s", t0.elapsed().as_secs_f64());
-    if ok {
+    if p.ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -2,6 +2,8 @@
 //! `dtypes` override for formats without a safetensors dtype.
 
 use super::OpError;
+use crate::files::{read_regular, write_replacing};
+use crate::st_header;
 use kernel_api::{DType, HostTensor};
 use safetensors::{Dtype as StDtype, SafeTensors};
 use std::collections::{BTreeMap, HashMap};
@@ -57,8 +59,10 @@ pub fn parse_dtype(s: &str) -> Option<DType> {
 
 /// Reads every tensor of a safetensors file.
 pub fn read_safetensors(path: &Path) -> Result<BTreeMap<String, StoredTensor>, OpError> {
-    let bytes = std::fs::read(path).map_err(|e| OpError::file(path, e.to_string()))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| OpError::file(path, format!("not a valid safetensors file: {e}")))?;
+    let bytes = read_regular(path).map_err(|e| OpError::file(path, e.to_string()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+        OpError::file(path, format!("not a valid safetensors file: {}", st_header::diagnose(&bytes).unwrap_or_else(|| e.to_string())))
+    })?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
         let d = view.dtype();
@@ -104,7 +108,12 @@ pub fn write_safetensors(path: &Path, op: &str, tensors: &[(String, HostTensor, 
         metadata.insert(format!("k3.dtype.{name}"), t.dtype.name().to_string());
         views.push((name.clone(), view));
     }
-    safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| OpError::file(path, e.to_string()))
+    // Only a regular file is ever replaced, and only once the new one is complete.
+    write_replacing(
+        path,
+        |tmp| safetensors::serialize_to_file(views, Some(metadata), tmp).map_err(|e| OpError::file(path, e.to_string())),
+        |e| OpError::file(path, e.to_string()),
+    )
 }
 
 /// Applies a `dtypes` override: the stored bytes are reinterpreted as `to` (same element size).
