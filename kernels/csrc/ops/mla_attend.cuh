@@ -20,7 +20,7 @@
 #ifndef K3_OPS_MLA_ATTEND_CUH
 #define K3_OPS_MLA_ATTEND_CUH
 
-#include "mla_common.cuh"
+#include "mla_kv_load.cuh"
 
 namespace mla {
 
@@ -29,31 +29,18 @@ constexpr int kTile = 32;                 // tokens per shared-memory KV tile
 constexpr int kRows = 16;                 // (query, head) rows per row tile: one MMA M tile
 constexpr int kMaxLatent = 512;           // the SIMT path's register budget (K3: 512 + 64)
 constexpr int kMaxWidth = 576;
-constexpr int kMultSlots = 5;             // 4 latent scale tiles + one "1.0" slot for rope dims
 constexpr int kWarps = kBlock / k3::kWarpSize;
 constexpr int kRowsPerWarp = kRows / kWarps;
 constexpr int kQRegs = kMaxWidth / k3::kWarpSize;
 constexpr int kAccRegs = kMaxLatent / k3::kWarpSize;
 constexpr int kDup = k3::kWarpSize / kTile;  // lanes holding the same token after the scatter
+constexpr int kReduceThreads = 64;          // mla_decode_reduce: 4 latent dims per thread
+constexpr int kReduceDims = 4 * kReduceThreads;
 
 // Dynamic shared bytes of the core for a cache row of `width` values.
 K3_HOST_DEVICE constexpr int shared_bytes(int width) {
-  return 4 * kRows * kTile + 4 * kTile * kMultSlots + 2 * kTile * width;
+  return 4 * kRows * kTile + 4 * kTile * kMultSlots + 2 * kTile * kv_pitch(width);
 }
-
-// The paged cache as the kernels address it.
-struct Cache {
-  const uint8_t* base;    // byte address of (page 0, row 0)
-  int64_t page_stride;    // bytes
-  int64_t row_stride;     // bytes
-  const int* block_table; // row of the current sequence is set per item
-  int64_t bt_col_stride;  // elements
-  int page_size;
-  int kind;               // kFormat*
-  int fnuz;
-  int latent;
-  int rope;
-};
 
 // Where a row tile's results go: out[off + i*st + (head_base + k)*sh + d], lse likewise (may be
 // null). Direct output: head_base = first head of the group; workspace slot: head_base = 0.
@@ -87,47 +74,6 @@ struct Rows {
   int kv_start;
   int kv_end;
 };
-
-K3_DEVICE const uint8_t* token_row(const Cache& c, int s) {
-  const int64_t page = c.block_table[static_cast<int64_t>(s / c.page_size) * c.bt_col_stride];
-  return c.base + page * c.page_stride + static_cast<int64_t>(s % c.page_size) * c.row_stride;
-}
-
-K3_DEVICE uint16_t fp8_as_bf16(uint8_t b, int fnuz) { return k3::f32_to_bf16(decode_fp8(b, fnuz)).bits; }
-
-// bf16 bits of logical value e (0 <= e < latent + rope) of a token row, as staged (see above).
-K3_DEVICE uint16_t raw_value(const Cache& c, const uint8_t* row, int e) {
-  if (c.kind == kFormatBf16) return static_cast<uint16_t>(row[2 * e] | (row[2 * e + 1] << 8));
-  if (c.kind == kFormatFlat || e < c.latent) return fp8_as_bf16(row[e], c.fnuz);
-  const int tiles = (c.latent + kScaleTile - 1) / kScaleTile;
-  const uint8_t* r = row + c.latent + 4 * tiles + 2 * (e - c.latent);
-  return static_cast<uint16_t>(r[0] | (r[1] << 8));
-}
-
-// Stages tokens s0 .. s0 + n (n <= tokens) as rows of `row_width` raw bf16 values plus
-// multipliers: latent values at columns [0, latent), rope values from column `rope_col`
-// (latent for the SIMT core, latent rounded up to 16 for the MMA core); every other column and
-// every row past n is zero.
-K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_width, int rope_col, uint16_t* raw, float* mult) {
-  const int tid = static_cast<int>(k3::thread_idx_x());
-  const int nthreads = static_cast<int>(k3::block_dim_x());
-  const int tiles = (c.latent + kScaleTile - 1) / kScaleTile;
-  for (int i = tid; i < tokens * kMultSlots; i += nthreads) {
-    const int t = i / kMultSlots, slot = i % kMultSlots;
-    float m = 1.0f;
-    if (c.kind == kFormatTiled && t < n && slot < tiles) {
-      const uint8_t* p = token_row(c, s0 + t) + c.latent + 4 * slot;
-      m = k3::uint_as_float(static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
-                            (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24));
-    }
-    mult[i] = m;
-  }
-  for (int i = tid; i < tokens * row_width; i += nthreads) {
-    const int t = i / row_width, col = i - t * row_width;
-    const int e = col < c.latent ? col : (col >= rope_col && col - rope_col < c.rope ? c.latent + col - rope_col : -1);
-    raw[i] = t < n && e >= 0 ? raw_value(c, token_row(c, s0 + t), e) : 0;
-  }
-}
 
 // Two floats moved by one 8-byte shuffle: the warp's rows are processed in pairs, which halves
 // the shuffle count of every reduction (on GPUs an 8-byte shuffle is two 4-byte ones anyway).
@@ -193,6 +139,10 @@ K3_DEVICE void warp_sum_rows(float (&x)[kRowsPerWarp]) {
   }
 }
 
+// The multiplier slot of value d of a row (a shift and a select: cheaper to recompute than to
+// keep in registers across the KV loop).
+K3_DEVICE int value_slot(int d, int latent) { return d < latent ? d / kScaleTile : kMultSlots - 1; }
+
 // The row tile `r` of one work item. score_scale = softmax_scale (x kv_scale for flat fp8),
 // out_scale = kv_scale for flat fp8, else 1. Every thread of the block must call it (barriers).
 K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
@@ -200,6 +150,7 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
   const int lane = static_cast<int>(k3::lane_id());
   const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;
   const int width = c.latent + c.rope;
+  const int pitch = kv_pitch(width);
   const float neg_inf = k3::uint_as_float(0xff800000u);
   const int total_rows = r.q_rows * r.gh;
 
@@ -208,12 +159,6 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
   int kv_hi = r.causal ? r.first_pos + last / r.gh + 1 : r.n_keys;
   kv_hi = kv_hi < r.kv_end ? kv_hi : r.kv_end;
 
-  int slot[kQRegs];
-  MLA_UNROLL
-  for (int j = 0; j < kQRegs; ++j) {
-    const int d = lane + j * k3::kWarpSize;
-    slot[j] = d < c.latent ? d / kScaleTile : kMultSlots - 1;
-  }
   float qr[kRowsPerWarp][kQRegs];
   float acc[kRowsPerWarp][kAccRegs];
   float m[kRowsPerWarp], l[kRowsPerWarp];
@@ -249,13 +194,13 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
     float part[kRowsPerWarp][kTile];
     MLA_UNROLL
     for (int t = 0; t < kTile; ++t) {
-      const uint16_t* kr = raw + t * width;
+      const uint16_t* kr = raw + t * pitch;
       const float* mt = mult + t * kMultSlots;
       float kv[kQRegs];
       MLA_UNROLL
       for (int j = 0; j < kQRegs; ++j) {
         const int d = lane + j * k3::kWarpSize;
-        kv[j] = d < width ? k3::bf16_to_f32(k3::bf16{kr[d]}) * mt[slot[j]] : 0.0f;
+        kv[j] = d < width ? k3::bf16_to_f32(k3::bf16{kr[d]}) * mt[value_slot(d, c.latent)] : 0.0f;
       }
       MLA_UNROLL
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
@@ -298,7 +243,7 @@ K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score
       MLA_UNROLL
       for (int rr = 0; rr < kRowsPerWarp; ++rr) acc[rr][j] *= alpha[rr];
       for (int t = 0; t < n; ++t) {
-        const float v = k3::bf16_to_f32(k3::bf16{raw[t * width + d]}) * mult[t * kMultSlots + slot[j]];
+        const float v = k3::bf16_to_f32(k3::bf16{raw[t * pitch + d]}) * mult[t * kMultSlots + value_slot(d, c.latent)];
         MLA_UNROLL
         for (int rr = 0; rr < kRowsPerWarp; ++rr) acc[rr][j] += pbuf[(warp + rr * kWarps) * kTile + t] * v;
       }

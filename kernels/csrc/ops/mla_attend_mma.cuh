@@ -4,7 +4,8 @@
 // MFMA 16x16x16 at warp 64; the fragment maps of k3/mma_layout.h make the code shape-generic).
 //
 // - Staging: the KV tile as raw bf16 (exact for every format, see mla_attend.cuh) in rows of
-//   `wpad` = pad16(latent) + pad16(rope) columns, rope from column pad16(latent), zero padding;
+//   `wpad` = pad16(latent) + pad16(rope) columns at the bank-conflict-free pitch kv_pitch(wpad)
+//   (mla_kv_load.cuh), rope from column pad16(latent), zero padding;
 //   per-(token, 128-tile) multipliers for the tile-scaled format.
 // - QK^T: the 36 (K3) k-steps of 16 dims are dealt round-robin to the warps, each warp holding
 //   its queries' A fragments in registers for the whole item; a k-step lies in one scale tile,
@@ -36,7 +37,7 @@ K3_HOST_DEVICE constexpr int pad16(int x) { return (x + 15) / 16 * 16; }
 // Dynamic shared bytes of the MMA core for padded row width `wpad`.
 K3_HOST_DEVICE constexpr int mma_shared_bytes(int wpad) {
   return 4 * kMaxWarps * kRows * kMmaTile + 4 * kRows * kMmaTile + 4 * kRows * 2 + 4 * kMmaTile * kMultSlots +
-         2 * kMmaTile * wpad;
+         2 * kMmaTile * kv_pitch(wpad);
 }
 
 struct MmaSmem {
@@ -45,7 +46,7 @@ struct MmaSmem {
   float* alpha;  // [16] rescale of the current tile
   float* l;      // [16] softmax denominators at the end
   float* mult;   // [16][kMultSlots]
-  uint16_t* raw; // [16][wpad]
+  uint16_t* raw; // [16][kv_pitch(wpad)]
 };
 
 K3_DEVICE MmaSmem carve_mma(uint8_t* s) {
@@ -71,6 +72,7 @@ K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float s
   const int lp = pad16(c.latent);
   const int wpad = lp + pad16(c.rope);
   const int nks = wpad / 16;
+  const int pitch = kv_pitch(wpad);
   const bool tiled = c.kind == kFormatTiled;
   const float neg_inf = k3::uint_as_float(0xff800000u);
   const int total_rows = r.q_rows * r.gh;
@@ -124,7 +126,7 @@ K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float s
         const int ks = warp + i * kWarps;
         if (ks >= nks) continue;  // warp-uniform
         k3::mma::FragB<Shape> kb;
-        k3::mma::load_b_transposed(kb, reinterpret_cast<const k3::bf16*>(sm.raw + nt * Shape::N * wpad + ks * 16), wpad);
+        k3::mma::load_b_transposed(kb, reinterpret_cast<const k3::bf16*>(sm.raw + nt * Shape::N * pitch + ks * 16), pitch);
         if (tiled) {
           k3::mma::FragC<Shape> t;
           k3::mma::fill(t, 0.0f);
@@ -180,7 +182,7 @@ K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float s
       MLA_UNROLL
       for (int e = 0; e < Shape::kCSlots; ++e) oacc[u].x[e] *= sm.alpha[k3::mma::c_coord<Shape>(e).row];
       k3::mma::FragB<Shape> vb;
-      k3::mma::load_b(vb, reinterpret_cast<const k3::bf16*>(sm.raw + col0), wpad);
+      k3::mma::load_b(vb, reinterpret_cast<const k3::bf16*>(sm.raw + col0), pitch);
       k3::mma::mma_sync(oacc[u], hi, vb, oacc[u]);
       k3::mma::mma_sync(oacc[u], lo, vb, oacc[u]);
     }

@@ -15,7 +15,7 @@
 // file of a 256-thread block (HIP otherwise assumes 1024 threads and spills to scratch). The
 // dialect has no spelling for it yet.
 #if K3_TARGET_CUDA
-#define MLA_MAX_THREADS(n) __launch_bounds__(n)
+#define MLA_MAX_THREADS(n) __launch_bounds__(n, 1)
 #elif K3_TARGET_HIP
 #define MLA_MAX_THREADS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 #else

@@ -327,13 +327,18 @@ K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma(MLA_DECODE_PARAMS, const 
 }
 K3_EXPORT(mla_decode_asm_mma);
 
-// Merges the partial slots of one (sequence, head group) per block by LSE into out/lse. Entries
-// come from the asm schedule (`reduce` non-null) or, for Gluon, are entry e = b*head_groups + g
-// with slots e*num_splits .. +num_splits. Threads stride over rows x latent dims.
+// Merges partial slots by LSE into out/lse, parallel over (entry, row, latent chunk): grid
+// (entries, q_len x kRows, ceil(latent / kReduceDims)), kReduceThreads threads of 4 dims each.
+// Entries come from the asm schedule (`reduce` non-null) or, for Gluon, are entry e =
+// b*head_groups + g with slots e*num_splits .. +num_splits. Row blocks past the group's heads
+// return at once. The partial outputs move in 16-byte loads when latent is a multiple of 4 (the
+// workspace is laid out by the plan: 16-byte aligned slots), else one float at a time.
 K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int* reduce, int num_splits, int heads,
                                  int q_len, int latent, void* out, int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh,
                                  float* lse, int64_t l_sb, int64_t l_st, int64_t l_sh) {
   const int e = static_cast<int>(k3::block_idx_x());
+  const int srow = static_cast<int>(k3::block_idx_y());  // i * kRows + k
+  const int d0 = static_cast<int>(k3::block_idx_z()) * mla::kReduceDims + 4 * static_cast<int>(k3::thread_idx_x());
   const int head_groups = (heads + mla::kRows - 1) / mla::kRows;
   int b, g, first, count;
   if (reduce != nullptr) {
@@ -348,33 +353,41 @@ K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int*
     count = num_splits;
   }
   const int gh = heads - g * mla::kRows < mla::kRows ? heads - g * mla::kRows : mla::kRows;
+  const int i = srow / mla::kRows, k = srow % mla::kRows;
+  if (k >= gh) return;  // block-uniform
   const float neg_inf = k3::uint_as_float(0xff800000u);
   const int64_t slot_out = static_cast<int64_t>(q_len) * mla::kRows * latent;
   const int64_t slot_lse = static_cast<int64_t>(q_len) * mla::kRows;
-  const int tid = static_cast<int>(k3::thread_idx_x());
-  const int nthreads = static_cast<int>(k3::block_dim_x());
-  for (int row = 0; row < q_len * gh; ++row) {
-    const int i = row / gh, k = row % gh;
-    const int srow = i * mla::kRows + k;
-    float m = neg_inf;
-    for (int p = 0; p < count; ++p) m = k3::max_f32(m, ws[ws_lse_off + (first + p) * slot_lse + srow]);
-    float total = 0.0f;
-    if (m != neg_inf) {
-      for (int p = 0; p < count; ++p) total += k3::exp_f32(ws[ws_lse_off + (first + p) * slot_lse + srow] - m);
-    }
-    const int h = g * mla::kRows + k;
-    for (int d = tid; d < latent; d += nthreads) {
-      float acc = 0.0f;
-      if (m != neg_inf) {
-        for (int p = 0; p < count; ++p) {
-          const float w = k3::exp_f32(ws[ws_lse_off + (first + p) * slot_lse + srow] - m) / total;
-          acc += w * ws[(first + p) * slot_out + static_cast<int64_t>(srow) * latent + d];
-        }
-      }
-      k3::store_f32(out, out_dt, b * o_sb + i * o_st + h * o_sh + d, acc);
-    }
-    if (lse != nullptr && tid == 0) lse[b * l_sb + i * l_st + h * l_sh] = m == neg_inf ? neg_inf : m + k3::log_f32(total);
+  const float* part_lse = ws + ws_lse_off + first * slot_lse + srow;
+  float m = neg_inf;
+  for (int p = 0; p < count; ++p) m = k3::max_f32(m, part_lse[p * slot_lse]);
+  float total = 0.0f;
+  if (m != neg_inf) {
+    for (int p = 0; p < count; ++p) total += k3::exp_f32(part_lse[p * slot_lse] - m);
   }
+  const int h = g * mla::kRows + k;
+  if (lse != nullptr && k3::thread_idx_x() == 0 && k3::block_idx_z() == 0) {
+    lse[b * l_sb + i * l_st + h * l_sh] = m == neg_inf ? neg_inf : m + k3::log_f32(total);
+  }
+  if (d0 >= latent) return;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const float* part_out = ws + first * slot_out + static_cast<int64_t>(srow) * latent + d0;
+  const bool vec = (latent & 3) == 0;
+  if (m != neg_inf) {
+    for (int p = 0; p < count; ++p) {
+      const float w = k3::exp_f32(part_lse[p * slot_lse] - m) / total;
+      const float* src = part_out + p * slot_out;
+      if (vec) {
+        const k3::f32x4 v = k3::load_f32x4(src);
+        MLA_UNROLL
+        for (int j = 0; j < 4; ++j) acc[j] += w * v.v[j];
+      } else {
+        for (int j = 0; j < 4 && d0 + j < latent; ++j) acc[j] += w * src[j];
+      }
+    }
+  }
+  const int64_t o = b * o_sb + i * o_st + h * o_sh + d0;
+  for (int j = 0; j < 4 && d0 + j < latent; ++j) k3::store_f32(out, out_dt, o + j, acc[j]);
 }
 K3_EXPORT(mla_decode_reduce);
 

@@ -33,12 +33,19 @@ const MMA_TILE: usize = 16;
 const MAX_LATENT: usize = 512;
 const MAX_WIDTH: usize = 576;
 const SCHEDULE_THREADS: u32 = 256;
-const REDUCE_THREADS: u32 = 128;
+/// `mla::kReduceThreads`: threads of a reduce block, 4 latent dims each.
+const REDUCE_THREADS: u32 = 64;
 const MAX_GRID_YZ: usize = 65_535;
+
+/// `mla::kv_pitch`: the staged KV row pitch in bf16s, `row_width` rounded up to 8 mod 64
+/// (16-byte aligned rows four banks apart: conflict-free MMA fragment reads).
+fn kv_pitch(row_width: usize) -> usize {
+    row_width + (8 + 64 - row_width % 64) % 64
+}
 
 /// `mla::shared_bytes`: probabilities, tile multipliers and the bf16 raw KV tile.
 fn shared_bytes(width: usize) -> u32 {
-    (4 * ROWS * TILE + 4 * TILE * 5 + 2 * TILE * width) as u32
+    (4 * ROWS * TILE + 4 * TILE * 5 + 2 * TILE * kv_pitch(width)) as u32
 }
 
 /// Which attention core a launch uses: the tensor-core one (`*_mma` kernels) for bf16 queries
@@ -48,7 +55,7 @@ fn core(q_dtype: DType, c: &MlaPagedCache) -> (&'static str, u32) {
     let wpad = c.dims.latent.next_multiple_of(16) + c.dims.rope.next_multiple_of(16);
     if q_dtype == DType::BF16 && wpad <= MAX_WIDTH {
         // `mla::mma_shared_bytes`: 8 warps' partial scores, P, alpha, l, multipliers, raw tile.
-        ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + 2 * MMA_TILE * wpad) as u32)
+        ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + 2 * MMA_TILE * kv_pitch(wpad)) as u32)
     } else {
         ("", shared_bytes(c.dims.width()))
     }
@@ -66,6 +73,13 @@ fn scales(c: &MlaPagedCache, softmax_scale: f32) -> (f32, f32) {
         KvCacheFormat::Fp8Flat(_) => (softmax_scale * c.kv_scale, c.kv_scale),
         _ => (softmax_scale, 1.0),
     }
+}
+
+/// The reduce grid: (entries, q_len x ROWS rows, latent chunks of 4 x REDUCE_THREADS dims), so
+/// that batch 1 spreads over its heads and latent chunks instead of one block per head group.
+fn reduce_config(entries: u32, q_len: usize, latent: usize) -> LaunchConfig {
+    let chunks = latent.div_ceil(4 * REDUCE_THREADS as usize).max(1) as u32;
+    LaunchConfig::new((entries, (q_len * ROWS) as u32, chunks), REDUCE_THREADS, 0)
 }
 
 fn grid_dim(field: &str, n: usize) -> Result<u32> {
@@ -172,7 +186,7 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                     let mut a = KernelArgs::new();
                     reduce(&mut a, DevicePtr(0), s.num_splits as i32)?;
                     let entries = to_i32("batch x head groups", plan.batch * plan.head_groups)? as u32;
-                    self.launch("mla_decode_reduce", LaunchConfig::new(entries, REDUCE_THREADS, 0), &mut a, stream)?;
+                    self.launch("mla_decode_reduce", reduce_config(entries, q_len, latent), &mut a, stream)?;
                 }
             }
             MlaKernel::Asm => {
@@ -210,7 +224,7 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                     let mut a = KernelArgs::new();
                     reduce(&mut a, self.ws_ptr(ws, reduce_map), 0)?;
                     let entries = to_i32("reduce entries", s.reduce.len())? as u32;
-                    self.launch("mla_decode_reduce", LaunchConfig::new(entries, REDUCE_THREADS, 0), &mut a, stream)?;
+                    self.launch("mla_decode_reduce", reduce_config(entries, q_len, latent), &mut a, stream)?;
                 }
             }
         }

@@ -111,12 +111,13 @@ impl MlaSchedule {
     }
 
     /// Splits that fill `cus` units when `batch · head_groups` tiles do not, keeping at least
-    /// [`GLUON_MIN_SPLIT_TOKENS`] per split of the longest sequence; at most 64.
+    /// [`GLUON_MIN_SPLIT_TOKENS`] per split of the longest sequence; at most [`MLA_MAX_SPLITS`](super::MLA_MAX_SPLITS)
+    /// (256: a cap of 64 left batch 1 at 12 heads on 64 of an H200's 132 SMs).
     pub(crate) fn gluon_auto_splits(seq_lens: &[u32], head_groups: usize, cus: u32) -> usize {
         let tiles = (seq_lens.len() * head_groups).max(1);
         let fill = (cus as usize).div_ceil(tiles);
         let longest = seq_lens.iter().copied().max().unwrap_or(0) as usize;
-        fill.min(longest / GLUON_MIN_SPLIT_TOKENS).clamp(1, 64)
+        fill.min(longest / GLUON_MIN_SPLIT_TOKENS).clamp(1, super::MLA_MAX_SPLITS)
     }
 
     /// Gives the items `first..` of one (sequence, head group) partial slots and a reduce entry
