@@ -283,6 +283,10 @@ pub trait KdaDecode: Backend {
         KdaDecode::supports(self, params)?;
         Ok(plan)
     }
+    /// Bytes of workspace `run` needs for this plan (0: none; `run` then takes `None`). The GPU
+    /// backends need one for the V-split decode (per (row, head): the prepared q̂, k̂, α, v, β and
+    /// the norm's partial sums); a missing or smaller workspace is an invalid-input error naming
+    /// `workspace`. Query it per plan: the size follows the batch and the shapes.
     fn workspace_size(&self, _plan: &KdaDecodePlan) -> usize {
         0
     }
