@@ -10,8 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
-/// The libamdhip64 functions backend-rocm calls (`/work/helpers/hip-api.md`'s list, less the
-/// entries the backend does not need; `hipGetDevicePropertiesR0600` exists only from ROCm 6 and
+/// The libamdhip64 functions backend-rocm calls (the declarations of `backend-rocm/src/sys`;
+/// `hipGetDevicePropertiesR0600` exists only from ROCm 6 and
 /// is declared by hand in `sys/mod.rs`).
 pub const HIP_FUNCTIONS: &[&str] = &[
     "hipInit",
