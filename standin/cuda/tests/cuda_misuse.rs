@@ -9,6 +9,21 @@ use k3_backend_cuda::{kernels, CudaRuntime};
 use k3_kernels::Runtime;
 use std::ffi::{c_void, CStr, CString};
 use std::path::PathBuf;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// A capture in global mode forbids allocations and synchronising calls from every thread of the
+/// process (the drivers' rule, which the stand-in keeps), and the test harness runs tests on
+/// parallel threads: the test that captures in global mode holds this lock for writing, every
+/// other test of the binary for reading, so none of them allocates during that capture.
+static CAPTURE: RwLock<()> = RwLock::new(());
+
+fn beside_captures() -> RwLockReadGuard<'static, ()> {
+    CAPTURE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    CAPTURE.write().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Points backend-cuda at the stand-in built next to this test (unless the caller chose one).
 fn runtime() -> CudaRuntime {
@@ -119,6 +134,7 @@ fn reduce_setup(rt: &CudaRuntime) -> (sys::CUmodule, sys::CUfunction, [u64; 5]) 
 
 #[test]
 fn launches_beyond_the_personality_limits() {
+    let _capture_lock = beside_captures();
     if !cubins() {
         return;
     }
@@ -148,6 +164,7 @@ fn launches_beyond_the_personality_limits() {
 /// its register count (cuFuncGetAttribute reads it from the cubin).
 #[test]
 fn too_many_threads_for_the_registers() {
+    let _capture_lock = beside_captures();
     if !cubins() {
         return;
     }
@@ -183,6 +200,7 @@ fn too_many_threads_for_the_registers() {
 
 #[test]
 fn kernel_missing_from_the_image_and_images_for_another_gpu() {
+    let _capture_lock = beside_captures();
     if !cubins() {
         return;
     }
@@ -201,6 +219,7 @@ fn kernel_missing_from_the_image_and_images_for_another_gpu() {
 
 #[test]
 fn pointer_parameters_outside_allocations_and_into_freed_ones() {
+    let _capture_lock = beside_captures();
     if !cubins() {
         return;
     }
@@ -218,6 +237,7 @@ fn pointer_parameters_outside_allocations_and_into_freed_ones() {
 
 #[test]
 fn freed_memory_and_double_free() {
+    let _capture_lock = beside_captures();
     let _rt = runtime();
     let (p, q) = (alloc(64), alloc(64));
     let mut host = [0u8; 64];
@@ -237,6 +257,7 @@ fn freed_memory_and_double_free() {
 
 #[test]
 fn streams_events_and_graphs_after_destroy() {
+    let _capture_lock = alone();
     let _rt = runtime();
     let p = alloc(16);
     use sys::CUresult::*;
@@ -269,6 +290,7 @@ fn streams_events_and_graphs_after_destroy() {
 /// Work from a thread without the context current is refused, as on a real driver.
 #[test]
 fn work_needs_a_current_context() {
+    let _capture_lock = beside_captures();
     let _rt = runtime();
     std::thread::spawn(|| {
         let mut p = 0;
@@ -282,6 +304,7 @@ fn work_needs_a_current_context() {
 
 #[test]
 fn blackwell_personalities() {
+    let _capture_lock = beside_captures();
     for (arch, sms, cc) in [("sm_100a", "148", "10.0"), ("sm_103a", "160", "10.3")] {
         let exe = std::env::current_exe().expect("exe");
         let out = std::process::Command::new(exe)
@@ -298,6 +321,7 @@ fn blackwell_personalities() {
 #[test]
 #[ignore = "run by blackwell_personalities under each K3_STANDIN_ARCH"]
 fn child_personality() {
+    let _capture_lock = beside_captures();
     let rt = runtime();
     let i = rt.device_info();
     let (maj, min) = rt.compute_capability();

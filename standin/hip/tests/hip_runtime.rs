@@ -71,11 +71,13 @@ fn check_device() {
 
 #[test]
 fn device_queries_and_property_layouts() {
+    let _capture_lock = beside_captures();
     check_device();
 }
 
 #[test]
 fn copies_memsets_and_memcpy_default() {
+    let _capture_lock = beside_captures();
     let h = hip();
     let data: Vec<u8> = (0..=255).collect();
     let src = h.upload(&data);
@@ -142,11 +144,13 @@ fn check_reduce() {
 
 #[test]
 fn block_reduce_runs_at_warp_64() {
+    let _capture_lock = beside_captures();
     check_reduce();
 }
 
 #[test]
 fn events_time_stream_work() {
+    let _capture_lock = beside_captures();
     let h = hip();
     let s = h.stream();
     let (a, b) = (h.event(), h.event());
@@ -176,6 +180,7 @@ fn events_time_stream_work() {
 /// the capture when they would sync or allocate.
 #[test]
 fn capture_and_replay() {
+    let _capture_lock = alone();
     let h = hip();
     let s = h.stream();
     let src = h.upload(&[1u32, 2, 3, 4]);
@@ -289,6 +294,7 @@ fn gemm(bf16_in: bool, bias: bool) -> (Vec<f32>, Vec<f64>, c_int) {
 
 #[test]
 fn hipblaslt_gemm_matches_the_reference_and_rejects_on_request() {
+    let _capture_lock = beside_captures();
     for (bf, bias) in [(false, false), (false, true), (true, false), (true, true)] {
         let (got, want, count) = gemm(bf, bias);
         assert_eq!(count, 1, "bf16 {bf} bias {bias}");
@@ -302,18 +308,21 @@ fn hipblaslt_gemm_matches_the_reference_and_rejects_on_request() {
 /// is read at each heuristic call).
 #[test]
 fn heuristic_is_empty_for_rejected_operands() {
+    let _capture_lock = beside_captures();
     in_child("child_rejected_operands", &[("K3_STANDIN_BLAS_REJECT", "bf16")]);
 }
 
 #[test]
 #[ignore = "run by heuristic_is_empty_for_rejected_operands with K3_STANDIN_BLAS_REJECT=bf16"]
 fn child_rejected_operands() {
+    let _capture_lock = beside_captures();
     assert_eq!(gemm(true, false).2, 0, "bf16 rejected");
     assert_eq!(gemm(false, false).2, 1, "f32 still served");
 }
 
 #[test]
 fn every_personality_and_hip_version() {
+    let _capture_lock = beside_captures();
     for (arch, version) in [("gfx942", "5"), ("gfx942", "7"), ("gfx950", "6")] {
         let out = in_child("child_personality", &[("K3_STANDIN_ARCH", arch), ("K3_STANDIN_HIP_VERSION", version)]);
         println!("{arch} HIP {version}: {}", out.lines().filter(|l| l.contains("skipped")).collect::<Vec<_>>().join("; "));
@@ -331,6 +340,7 @@ fn every_personality_and_hip_version() {
 #[test]
 #[ignore = "run by every_personality_and_hip_version under each K3_STANDIN_ARCH"]
 fn child_personality() {
+    let _capture_lock = beside_captures();
     check_device();
     check_reduce();
 }

@@ -6,7 +6,23 @@
 use libloading::Library;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// A capture in global mode forbids allocations and synchronising calls from every thread of the
+/// process (the drivers' rule, which the stand-in keeps), and the test harness runs tests on
+/// parallel threads: the test that captures in global mode holds this lock for writing, every
+/// other test of the binary for reading, so none of them allocates during that capture.
+static CAPTURE: RwLock<()> = RwLock::new(());
+
+/// Held by every test that does not capture in global mode (see [`CAPTURE`]).
+pub fn beside_captures() -> RwLockReadGuard<'static, ()> {
+    CAPTURE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Held by a test that captures in global mode (see [`CAPTURE`]).
+pub fn alone() -> RwLockWriteGuard<'static, ()> {
+    CAPTURE.write().unwrap_or_else(|e| e.into_inner())
+}
 
 pub mod images {
     include!(concat!(env!("OUT_DIR"), "/test_images.rs"));
