@@ -64,7 +64,7 @@ K3_DEVICE MmaSmem carve_mma(uint8_t* s) {
 K3_DEVICE int mult_slot(int col, int lp) { return col < lp ? col / kScaleTile : kMultSlots - 1; }
 
 // As mla::attend, for bf16 queries (q.dt == kBF16) and pad16(latent) + pad16(rope) <= 576.
-K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
+MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
                           const Dest& dst, uint8_t* shared) {
   const MmaSmem sm = carve_mma(shared);
   const int tid = static_cast<int>(k3::thread_idx_x());
