@@ -2,7 +2,7 @@
 // up to 16 (query, head) rows of one sequence and head group, attending to a key range of the
 // paged latent cache with an online softmax in f32. SIMT path (no tensor cores), 256 threads.
 //
-// Per KV tile of kTile = 32 tokens the block stages the tokens in shared memory as bf16 *raw*
+// Per KV tile of kTile = 16 tokens the block stages the tokens in shared memory as bf16 *raw*
 // values plus one f32 multiplier per (token, 128-tile):
 //   bf16 cache   raw = the stored bf16, multiplier 1;
 //   flat fp8     raw = the fp8 value (exact in bf16), multiplier 1; the per-tensor kv_scale is
@@ -25,7 +25,10 @@
 namespace mla {
 
 constexpr int kBlock = 256;
-constexpr int kTile = 32;                 // tokens per shared-memory KV tile
+// Tokens per shared-memory KV tile. It sizes the per-lane score tile part[kRowsPerWarp][kTile]
+// (4 x 16 floats at warp 64): at 32 tokens the inlined core needed 470-500 VGPRs + AGPRs on
+// gfx942 with 170-190 spills; at 16 it fits (no scratch on any target; sm_90a keeps <= 255).
+constexpr int kTile = 16;
 constexpr int kRows = 16;                 // (query, head) rows per row tile: one MMA M tile
 constexpr int kMaxLatent = 512;           // the SIMT path's register budget (K3: 512 + 64)
 constexpr int kMaxWidth = 576;
@@ -33,6 +36,8 @@ constexpr int kWarps = kBlock / k3::kWarpSize;
 constexpr int kRowsPerWarp = kRows / kWarps;
 constexpr int kQRegs = kMaxWidth / k3::kWarpSize;
 constexpr int kAccRegs = kMaxLatent / k3::kWarpSize;
+constexpr int kLogTile = kTile == 16 ? 4 : 5;  // log2 kTile
+static_assert(1 << kLogTile == kTile, "kTile is 16 or 32");
 constexpr int kDup = k3::kWarpSize / kTile;  // lanes holding the same token after the scatter
 constexpr int kReduceThreads = 64;          // mla_decode_reduce: 4 latent dims per thread
 constexpr int kReduceDims = 4 * kReduceThreads;
@@ -90,22 +95,27 @@ K3_DEVICE F2 shfl_xor2(float a, float b, int offset) {
 // token l / kDup of each row (returned in v[rr][0]).
 K3_DEVICE void reduce_scatter(float (&v)[kRowsPerWarp][kTile]) {
   const int lane = static_cast<int>(k3::lane_id());
-  int offset = k3::kWarpSize / 2;
+  // Halving steps (log2 kTile) with constant trip counts, so that every loop unrolls and v
+  // stays in registers (a loop over h /= 2 was left rolled by nvcc, indexing v dynamically).
   MLA_UNROLL
-  for (int h = kTile / 2; h >= 1; h /= 2, offset /= 2) {
+  for (int step = 0; step < kLogTile; ++step) {
+    const int h = kTile >> (step + 1);
+    const int offset = k3::kWarpSize >> (step + 1);
     const bool upper = (lane & offset) != 0;
     MLA_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
       MLA_UNROLL
-      for (int k = 0; k < h; ++k) {
-        const F2 got = shfl_xor2(upper ? v[rr][k] : v[rr][k + h], upper ? v[rr + 1][k] : v[rr + 1][k + h], offset);
-        v[rr][k] = (upper ? v[rr][k + h] : v[rr][k]) + got.a;
-        v[rr + 1][k] = (upper ? v[rr + 1][k + h] : v[rr + 1][k]) + got.b;
+      for (int k = 0; k < kTile / 2; ++k) {  // constant trip count: unrolled before the step loop
+        if (k >= h) break;
+        const float a0 = v[rr][k], a1 = v[rr][k + h], b0 = v[rr + 1][k], b1 = v[rr + 1][k + h];
+        const F2 got = shfl_xor2(upper ? a0 : a1, upper ? b0 : b1, offset);
+        v[rr][k] = (upper ? a1 : a0) + got.a;
+        v[rr + 1][k] = (upper ? b1 : b0) + got.b;
       }
     }
   }
   MLA_UNROLL
-  for (; offset >= 1; offset /= 2) {
+  for (int offset = k3::kWarpSize >> (kLogTile + 1); offset >= 1; offset /= 2) {
     MLA_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
       const F2 got = shfl_xor2(v[rr][0], v[rr + 1][0], offset);
@@ -145,7 +155,7 @@ K3_DEVICE int value_slot(int d, int latent) { return d < latent ? d / kScaleTile
 
 // The row tile `r` of one work item. score_scale = softmax_scale (x kv_scale for flat fp8),
 // out_scale = kv_scale for flat fp8, else 1. Every thread of the block must call it (barriers).
-K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
+MLA_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
                       const Dest& dst, uint16_t* raw, float* mult, float* pbuf) {
   const int lane = static_cast<int>(k3::lane_id());
   const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;

@@ -28,7 +28,7 @@ use kernel_api::{DType, Error, Result, TensorRef};
 /// per KV tile (`mla::kTile`) and the SIMT path's register budget.
 const BLOCK: u32 = 256;
 const ROWS: usize = 16;
-const TILE: usize = 32;
+const TILE: usize = 16;
 const MMA_TILE: usize = 16;
 const MAX_LATENT: usize = 512;
 const MAX_WIDTH: usize = 576;
