@@ -64,6 +64,12 @@ K3_DEVICE MmaSmem carve_mma(uint8_t* s) {
 K3_DEVICE int mult_slot(int col, int lp) { return col < lp ? col / kScaleTile : kMultSlots - 1; }
 
 // As mla::attend, for bf16 queries (q.dt == kBF16) and pad16(latent) + pad16(rope) <= 576.
+// kVec (the host's choice, vector_kernel in kernels/src/ops/mla_decode.rs): the cache takes
+// load_tile's 16-byte path (vector_path(c)), and the query rows are 16-byte aligned (q.q, q.off,
+// q.st, q.sh multiples of 8 elements); the row tile's queries are then staged through the KV
+// buffer in 16-byte loads and the fragments read from shared memory. Otherwise each fragment
+// slot is one 2-byte global load and the cache may go bytewise.
+template <bool kVec>
 MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
                           const Dest& dst, uint8_t* shared) {
   const MmaSmem sm = carve_mma(shared);
@@ -83,6 +89,20 @@ MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows&
   // This warp's query fragments: k-steps warp, warp + kWarps, ...
   k3::mma::FragA<Shape> qa[kQSteps];
   const uint16_t* qbits = static_cast<const uint16_t*>(q.q);
+  if constexpr (kVec) {
+    // Rows of wpad = latent + rope values, 8 per 16-byte unit, into the (not yet used) KV
+    // buffer at its pitch; rows past the item are zero. The KV loop's first barrier orders the
+    // fragment reads below before the first tile overwrites the buffer.
+    const int units = wpad / 8;
+    for (int i = tid; i < kRows * units; i += kBlock) {
+      const int row = i / units, u = i - row * units;
+      const int rho = r.rho0 + row;
+      k3::u32x4 v = {{0u, 0u, 0u, 0u}};
+      if (rho < total_rows) v = k3::load_16b(qbits + q.off + (rho / r.gh) * q.st + (r.head0 + rho % r.gh) * q.sh + 8 * u);
+      k3::store_16b(sm.raw + row * pitch + 8 * u, v);
+    }
+    k3::sync_threads();
+  }
   MLA_UNROLL
   for (int i = 0; i < kQSteps; ++i) {
     const int ks = warp + i * kWarps;
@@ -91,9 +111,13 @@ MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows&
       const k3::layout::RC rc = k3::mma::a_coord<Shape>(s);
       const int rho = r.rho0 + rc.row;
       const int col = ks * 16 + rc.col;
-      const int e = col < c.latent ? col : (col >= lp && col - lp < c.rope ? c.latent + col - lp : -1);
       uint16_t v = 0;
-      if (ks < nks && rho < total_rows && e >= 0) v = qbits[q.off + (rho / r.gh) * q.st + (r.head0 + rho % r.gh) * q.sh + e];
+      if constexpr (kVec) {
+        if (ks < nks) v = sm.raw[rc.row * pitch + col];
+      } else {
+        const int e = col < c.latent ? col : (col >= lp && col - lp < c.rope ? c.latent + col - lp : -1);
+        if (ks < nks && rho < total_rows && e >= 0) v = qbits[q.off + (rho / r.gh) * q.st + (r.head0 + rho % r.gh) * q.sh + e];
+      }
       qa[i].x[s] = v;
     }
   }
@@ -113,7 +137,7 @@ MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows&
   for (int s0 = r.kv_start; s0 < kv_hi; s0 += kMmaTile) {
     const int n = kv_hi - s0 < kMmaTile ? kv_hi - s0 : kMmaTile;
     k3::sync_threads();  // the previous tile is consumed
-    load_tile(c, s0, n, kMmaTile, wpad, lp, sm.raw, sm.mult);
+    load_tile<kVec>(c, s0, n, kMmaTile, wpad, lp, sm.raw, sm.mult);
     k3::sync_threads();
 
     // S partials of this warp's k-steps.

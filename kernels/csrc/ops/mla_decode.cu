@@ -105,12 +105,12 @@ K3_DEVICE mla::Dest decode_dest(int b, int g, int slot, int q_len, int latent, v
   return d;
 }
 
-// One row tile on the chosen core.
-template <bool kMma>
+// One row tile on the chosen core; kVec: the 16-byte MMA core (mla_attend_mma.cuh).
+template <bool kMma, bool kVec>
 MLA_INLINE K3_DEVICE void attend_tile(const mla::Cache& c, const mla::Query& q, const mla::Rows& r, float score_scale,
                            float out_scale, const mla::Dest& dst) {
   if constexpr (kMma) {
-    mla::attend_mma(c, q, r, score_scale, out_scale, dst, k3::dynamic_shared<uint8_t>());
+    mla::attend_mma<kVec>(c, q, r, score_scale, out_scale, dst, k3::dynamic_shared<uint8_t>());
   } else {
     const Smem sm = carve_shared();
     mla::attend(c, q, r, score_scale, out_scale, dst, sm.raw, sm.mult, sm.pbuf);
@@ -118,7 +118,7 @@ MLA_INLINE K3_DEVICE void attend_tile(const mla::Cache& c, const mla::Query& q, 
 }
 
 // Runs every row tile of one decode item (all q_len queries x the group's heads).
-template <bool kMma>
+template <bool kMma, bool kVec>
 MLA_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, int heads, int q_len, int seq_len, int g,
                            int kv_start, int kv_end, int rt_begin, int rt_step, float score_scale, float out_scale,
                            const mla::Dest& dst) {
@@ -135,7 +135,7 @@ MLA_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, 
     r.n_keys = seq_len;
     r.kv_start = kv_start;
     r.kv_end = kv_end;
-    attend_tile<kMma>(c, q, r, score_scale, out_scale, dst);
+    attend_tile<kMma, kVec>(c, q, r, score_scale, out_scale, dst);
   }
 }
 
@@ -151,7 +151,7 @@ MLA_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, 
       bt_sb, bt_sp, seq_lens, sl_s, num_pages, bt_cols, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, \
       ws_lse_off, heads, q_len
 
-template <bool kMma>
+template <bool kMma, bool kVec>
 MLA_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale, k3::ErrorRecord* err) {
   const int b = static_cast<int>(k3::block_idx_x());
   const int g = static_cast<int>(k3::block_idx_y()) / q_len;
@@ -169,12 +169,12 @@ MLA_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float sc
   if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, len_ok, kv_start, kv_end, num_pages)) return;  // block-uniform
   const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
   const mla::Dest d = decode_dest(b, g, slot, q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
-  decode_item<kMma>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, rt, q_len, score_scale, out_scale, d);
+  decode_item<kMma, kVec>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, rt, q_len, score_scale, out_scale, d);
 }
 
 // Items come from mla_decode_asm_schedule, which checked the seq_lens they were cut from (and
 // wrote an empty schedule otherwise); the block-table entries are checked here, per item.
-template <bool kMma>
+template <bool kMma, bool kVec>
 MLA_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale,
                         k3::ErrorRecord* err) {
   const int unit = static_cast<int>(k3::block_idx_x());
@@ -186,7 +186,7 @@ MLA_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const in
     if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, true, it[2], it[3], num_pages)) continue;  // block-uniform
     const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
     const mla::Dest d = decode_dest(b, g, it[4], q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
-    decode_item<kMma>(c, qq, heads, q_len, seq_len, g, it[2], it[3], 0, 1, score_scale, out_scale, d);
+    decode_item<kMma, kVec>(c, qq, heads, q_len, seq_len, g, it[2], it[3], 0, 1, score_scale, out_scale, d);
   }
 }
 
@@ -195,16 +195,24 @@ MLA_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const in
 // Gluon style: grid (batch, head_groups x q_len row tiles, num_splits). Split k of sequence b
 // covers keys [k*chunk, (k+1)*chunk) with chunk = ceil(seq_len / num_splits); with one split the
 // block writes out/lse, else partial slot (b*head_groups + g)*num_splits + k.
+//
+// The `*_mma` kernels need 16-byte aligned query rows and the cache's 16-byte path (the host
+// checks, kernels/src/ops/mla_decode.rs vector_kernel); `*_mma_unaligned` take any bf16 input.
 K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale,
                                                      k3::ErrorRecord* err) {
-  gluon_body<false>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
+  gluon_body<false, false>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_gluon);
 K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon_mma(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale,
                                                          k3::ErrorRecord* err) {
-  gluon_body<true>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
+  gluon_body<true, true>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_gluon_mma);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon_mma_unaligned(MLA_DECODE_PARAMS, int num_splits, float score_scale,
+                                                                   float out_scale, k3::ErrorRecord* err) {
+  gluon_body<true, false>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
+}
+K3_EXPORT(mla_decode_gluon_mma_unaligned);
 
 namespace {
 
@@ -315,17 +323,22 @@ K3_KERNEL void mla_decode_asm_schedule(const int* seq_lens, int64_t sl_s, int ba
 K3_EXPORT(mla_decode_asm_schedule);
 
 // Asm style, persistent: one block per compute unit walks its items (from the schedule in the
-// workspace), each over all of its row tiles.
+// workspace), each over all of its row tiles. `*_mma` / `*_mma_unaligned` as for Gluon.
 K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale,
                                                    float out_scale, k3::ErrorRecord* err) {
-  asm_body<false>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
+  asm_body<false, false>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_asm);
 K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr,
                                                        float score_scale, float out_scale, k3::ErrorRecord* err) {
-  asm_body<true>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
+  asm_body<true, true>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_asm_mma);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma_unaligned(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr,
+                                                                 float score_scale, float out_scale, k3::ErrorRecord* err) {
+  asm_body<true, false>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
+}
+K3_EXPORT(mla_decode_asm_mma_unaligned);
 
 // Merges partial slots by LSE into out/lse, parallel over (entry, row, latent chunk): grid
 // (entries, q_len x kRows, ceil(latent / kReduceDims)), kReduceThreads threads of 4 dims each.
@@ -410,7 +423,7 @@ K3_EXPORT(mla_decode_reduce);
       l_sh, heads, causal, score_scale, out_scale, err
 
 namespace {
-template <bool kMma>
+template <bool kMma, bool kVec>
 MLA_INLINE K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) {
   const int rt = static_cast<int>(k3::block_idx_x());
   const int g = static_cast<int>(k3::block_idx_y());
@@ -453,11 +466,16 @@ MLA_INLINE K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) {
   r.n_keys = seq_len;
   r.kv_start = 0;
   r.kv_end = seq_len;
-  attend_tile<kMma>(c, qq, r, score_scale, out_scale, d);
+  attend_tile<kMma, kVec>(c, qq, r, score_scale, out_scale, d);
 }
 }  // namespace
 
-K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<false>(MLA_PREFILL_ABSORBED_ARGS); }
+// `*_mma` / `*_mma_unaligned` as for the decode kernels.
+K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<false, false>(MLA_PREFILL_ABSORBED_ARGS); }
 K3_EXPORT(mla_prefill_absorbed);
-K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<true>(MLA_PREFILL_ABSORBED_ARGS); }
+K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<true, true>(MLA_PREFILL_ABSORBED_ARGS); }
 K3_EXPORT(mla_prefill_absorbed_mma);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma_unaligned(MLA_PREFILL_ABSORBED_PARAMS) {
+  prefill_absorbed_body<true, false>(MLA_PREFILL_ABSORBED_ARGS);
+}
+K3_EXPORT(mla_prefill_absorbed_mma_unaligned);

@@ -84,11 +84,22 @@ K3_DEVICE float tile_multiplier(const Cache& c, const uint8_t* row, int slot, in
                            (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24));
 }
 
+// tile_multiplier on the fast path of a vector kernel: there, latent and the scale block
+// latent + 4 * tiles are multiples of 16, so tiles == 4 and the four scales are one 16-byte unit.
+K3_DEVICE float scale_word(const Cache& c, const uint8_t* row, int slot) {
+  if (c.kind != kFormatTiled || slot >= 4) return 1.0f;
+  const k3::u32x4 w = k3::load_16b(row + c.latent);
+  return k3::uint_as_float(slot == 0 ? w.v[0] : (slot == 1 ? w.v[1] : (slot == 2 ? w.v[2] : w.v[3])));
+}
+
 // Stages tokens s0 .. s0 + n (n <= tokens <= warp size) as rows of `row_width` raw bf16 values
 // at pitch kv_pitch(row_width), plus multipliers: latent values at columns [0, latent), rope
 // values from column `rope_col` (latent for the SIMT core, latent rounded up to 16 for the MMA
 // core); every other column up to row_width and every row past n is zero. Every thread of the
 // block calls it (warp-uniform loops: the shuffles need whole warps).
+// kVec: the caller guarantees the fast path's conditions (vector_path(c), row_width ==
+// latent + rope, rope_col == latent), so the bytewise path is not compiled in.
+template <bool kVec>
 K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_width, int rope_col, uint16_t* raw, float* mult) {
   const int lane = static_cast<int>(k3::lane_id());
   const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;
@@ -97,7 +108,7 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_widt
   const int tiles = (c.latent + kScaleTile - 1) / kScaleTile;
   const int rope_byte = c.latent + 4 * tiles;  // tiled format: first rope byte
   const int64_t my_row = lane < n ? row_offset(c, s0 + lane) : 0;
-  if (vector_path(c) && row_width == c.latent + c.rope && rope_col == c.latent) {
+  if (kVec || (vector_path(c) && row_width == c.latent + c.rope && rope_col == c.latent)) {
     // 16-byte units of a row: fp8 ones first (16 values each), then bf16 ones (8 values each).
     const int fp8_units = c.kind == kFormatFlat ? (c.latent + c.rope) / 16 : (c.kind == kFormatTiled ? c.latent / 16 : 0);
     const int bf16_units = c.kind == kFormatBf16 ? (c.latent + c.rope) / 8 : (c.kind == kFormatTiled ? c.rope / 8 : 0);
@@ -110,7 +121,7 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_widt
       const bool live = t < n;
       for (int u = lane; u < units + kMultSlots; u += k3::kWarpSize) {
         if (u >= units) {
-          mult[t * kMultSlots + u - units] = live ? tile_multiplier(c, row, u - units, tiles, true) : 1.0f;
+          mult[t * kMultSlots + u - units] = live ? (kVec ? scale_word(c, row, u - units) : tile_multiplier(c, row, u - units, tiles, true)) : 1.0f;
         } else if (u < fp8_units) {
           k3::u32x4 lo = {{0u, 0u, 0u, 0u}}, hi = {{0u, 0u, 0u, 0u}};
           if (live) {

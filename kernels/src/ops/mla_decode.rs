@@ -10,6 +10,8 @@
 //!
 //! bf16 queries run the `*_mma` kernels (QK^T and PV on tensor cores / MFMA), f32 queries the
 //! f32 SIMT kernels (the tests hold f32 inputs to f32 accuracy, which bf16 operands cannot give).
+//! The `*_mma` kernels read queries and cache rows only in 16-byte loads; inputs they cannot
+//! (unaligned pointers, strides or dims, see `vector_kernel`) run `*_mma_unaligned`.
 
 use super::mla_format::{format_codes, ByteLayout};
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
@@ -58,6 +60,39 @@ fn core(q_dtype: DType, c: &MlaPagedCache) -> (&'static str, u32) {
         ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + 2 * MMA_TILE * kv_pitch(wpad)) as u32)
     } else {
         ("", shared_bytes(c.dims.width()))
+    }
+}
+
+/// Whether the `*_mma` kernels (16-byte query and cache loads, no bytewise path) may run, else
+/// the `*_mma_unaligned` ones: the query rows and every cache row start 16-byte aligned and
+/// latent, rope and (tile-scaled) the scale block end on 16-byte boundaries (`mla::vector_path`
+/// on the device side; with latent <= 512 its tile-scaled condition means 4 scale tiles, one
+/// 16-byte unit). K3's shapes (latent 512, rope 64, contiguous bf16 tensors) always qualify.
+fn vector_kernel(q: DevicePtr, q_strides: &[usize], cache: DevicePtr, bl: &ByteLayout, c: &MlaPagedCache) -> bool {
+    let (latent, rope) = (c.dims.latent, c.dims.rope);
+    let scales_end = latent + 4 * latent.div_ceil(128);
+    let cache_ok = latent % 16 == 0
+        && rope % 16 == 0
+        && (!matches!(c.format, KvCacheFormat::Fp8Tiled(_)) || scales_end % 16 == 0)
+        && cache.0 % 16 == 0
+        && bl.page_stride % 16 == 0
+        && bl.row_stride % 16 == 0;
+    let (dims, last) = q_strides.split_at(q_strides.len() - 1);
+    let q_ok = q.0 % 16 == 0 && last == [1] && dims.iter().all(|&st| st % 8 == 0);
+    cache_ok && q_ok
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// The kernel `family` (`mla_decode_gluon`, ...) runs as for these tensors: its `_mma`,
+    /// `_mma_unaligned` or f32 form, with its dynamic shared bytes.
+    fn attention_kernel(&self, family: &str, q: &TensorRef<'_, Self>, c: &MlaPagedCache, cache: &TensorRef<'_, Self>) -> (String, u32) {
+        let (suffix, smem) = core(q.layout.dtype, c);
+        let aligned = || {
+            let (qp, cp) = (self.ptr(q.buf, &q.layout), self.ptr(cache.buf, &cache.layout));
+            vector_kernel(qp, &q.layout.strides, cp, &ByteLayout::of(&cache.layout), c)
+        };
+        let tail = if suffix == "_mma" && !aligned() { "_unaligned" } else { "" };
+        (format!("{family}{suffix}{tail}"), smem)
     }
 }
 
@@ -169,7 +204,7 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
             self.push_out(a, out.buf, &out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
             Ok(())
         };
-        let (suffix, smem) = core(q.layout.dtype, &p.cache);
+        let kernel = |family: &str| self.attention_kernel(family, q, &p.cache, &args.kv_cache);
         let batch = to_i32("batch", plan.batch)? as u32;
 
         match plan.kernel {
@@ -181,7 +216,8 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                 arg(&mut a, out_scale);
                 self.push_checks(&mut a, stream)?;
                 let grid = (batch, grid_dim("params.heads x params.q_len", plan.head_groups * q_len)?, grid_dim("params.splits", s.num_splits)?);
-                self.launch(&format!("mla_decode_gluon{suffix}"), LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)?;
+                let (name, smem) = kernel("mla_decode_gluon");
+                self.launch(&name, LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)?;
                 if s.num_splits > 1 {
                     let mut a = KernelArgs::new();
                     reduce(&mut a, DevicePtr(0), s.num_splits as i32)?;
@@ -219,7 +255,8 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
                 arg(&mut a, score_scale);
                 arg(&mut a, out_scale);
                 self.push_checks(&mut a, stream)?;
-                self.launch(&format!("mla_decode_asm{suffix}"), LaunchConfig::new(cus as u32, BLOCK, smem), &mut a, stream)?;
+                let (name, smem) = kernel("mla_decode_asm");
+                self.launch(&name, LaunchConfig::new(cus as u32, BLOCK, smem), &mut a, stream)?;
                 if !s.reduce.is_empty() {
                     let mut a = KernelArgs::new();
                     reduce(&mut a, self.ws_ptr(ws, reduce_map), 0)?;
@@ -288,7 +325,7 @@ impl<R: Runtime> MlaPrefillAbsorbed for GpuBackend<R> {
             grid_dim("params.heads", plan.head_groups)?,
             grid_dim("batch", plan.batch)?,
         );
-        let (suffix, smem) = core(q.layout.dtype, &p.cache);
-        self.launch(&format!("mla_prefill_absorbed{suffix}"), LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)
+        let (name, smem) = self.attention_kernel("mla_prefill_absorbed", q, &p.cache, &args.kv_cache);
+        self.launch(&name, LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)
     }
 }
