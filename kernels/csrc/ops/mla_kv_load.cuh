@@ -140,16 +140,18 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_widt
     }
     return;
   }
-  for (int t = warp; t < tokens; t += warps) {  // warp-uniform
-    const uint8_t* row = c.base + k3::shfl(my_row, t);
-    const bool live = t < n;
-    for (int i = lane; i < row_width + kMultSlots; i += k3::kWarpSize) {
-      if (i >= row_width) {
-        mult[t * kMultSlots + i - row_width] = live ? tile_multiplier(c, row, i - row_width, tiles, false) : 1.0f;
-        continue;
+  if constexpr (!kVec) {
+    for (int t = warp; t < tokens; t += warps) {  // warp-uniform
+      const uint8_t* row = c.base + k3::shfl(my_row, t);
+      const bool live = t < n;
+      for (int i = lane; i < row_width + kMultSlots; i += k3::kWarpSize) {
+        if (i >= row_width) {
+          mult[t * kMultSlots + i - row_width] = live ? tile_multiplier(c, row, i - row_width, tiles, false) : 1.0f;
+          continue;
+        }
+        const int e = i < c.latent ? i : (i >= rope_col && i - rope_col < c.rope ? c.latent + i - rope_col : -1);
+        raw[t * pitch + i] = live && e >= 0 ? raw_value(c, row, e, rope_byte) : 0;
       }
-      const int e = i < c.latent ? i : (i >= rope_col && i - rope_col < c.rope ? c.latent + i - rope_col : -1);
-      raw[t * pitch + i] = live && e >= 0 ? raw_value(c, row, e, rope_byte) : 0;
     }
   }
 }
