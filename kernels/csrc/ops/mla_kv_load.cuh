@@ -13,7 +13,9 @@
 // 16-byte vector loads (k3/vec.h), each lane one 16-byte unit at a time. A bf16 unit is 8 values,
 // one 16-byte shared store; an fp8 unit is 16 values dequantised in registers to bf16 by the
 // packed hardware converts of k3/convert_hw.h (exact), two 16-byte shared stores. Otherwise the
-// general path reads the row bytewise (any dims and strides; the tests cover both).
+// general path reads the row bytewise (any dims and strides; the tests cover both). The `*_mma`
+// kernels instantiate load_tile<true>, which has only the fast path (the host runs them only
+// when it applies); the f32-query and `*_mma_unaligned` kernels choose per launch.
 //
 // Pitch: kv_pitch rounds the row up to 8 mod 64 bf16s, so rows start 16-byte aligned and 4
 // banks apart. An mma.sync B fragment (8 token rows x 4 words) then covers the 32 banks once, an
