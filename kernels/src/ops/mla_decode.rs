@@ -157,6 +157,14 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
     }
 }
 
+/// Byte offsets in the workspace of the asm schedule's items, cu_indptr and reduce map (the
+/// layout of the kernel-api module docs, "Workspace").
+fn asm_schedule_offsets(plan: &MlaDecodePlan) -> (usize, usize, usize) {
+    let items = plan.schedule_offset();
+    let cu_indptr = items + 20 * plan.schedule.items.len();
+    (items, cu_indptr, cu_indptr + 4 * plan.schedule.cu_indptr.len())
+}
+
 /// Whether a decode builds the asm schedule in the workspace or finds it there.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ScheduleSource {
@@ -170,9 +178,7 @@ impl<R: Runtime> GpuBackend<R> {
     fn launch_asm_schedule(&self, plan: &MlaDecodePlan, lens: &TensorRef<'_, Self>, ws: Option<&R::Buffer>, stream: &R::Stream) -> Result<()> {
         let s = &plan.schedule;
         let cus = s.cu_indptr.len().saturating_sub(1);
-        let items = plan.schedule_offset();
-        let cu_indptr = items + 20 * s.items.len();
-        let reduce_map = cu_indptr + 4 * s.cu_indptr.len();
+        let (items, cu_indptr, reduce_map) = asm_schedule_offsets(plan);
         let mut a = KernelArgs::new();
         arg(&mut a, self.ptr(lens.buf, &lens.layout));
         arg(&mut a, lens.layout.strides[0] as i64);
@@ -255,9 +261,7 @@ impl<R: Runtime> GpuBackend<R> {
             }
             MlaKernel::Asm => {
                 let cus = s.cu_indptr.len().saturating_sub(1);
-                let items = plan.schedule_offset();
-                let cu_indptr = items + 20 * s.items.len();
-                let reduce_map = cu_indptr + 4 * s.cu_indptr.len();
+                let (items, cu_indptr, reduce_map) = asm_schedule_offsets(plan);
                 if source == ScheduleSource::Build {
                     self.launch_asm_schedule(plan, &args.seq_lens, ws, stream)?;
                 }
