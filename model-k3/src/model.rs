@@ -304,7 +304,7 @@ impl<B: ModelBackend> K3Model<B> {
             s.borrow_mut().clear();
         }
         let ex = Exec::new(&*backend, ACT);
-        let cx = Ctx { b: &*backend, cfg: &*cfg, opts: &*opts, stats: stats.as_ref(), layer: std::cell::Cell::new(0), ex };
+        let cx = Ctx { b: &*backend, cfg: &*cfg, opts: &*opts, stats: stats.as_ref(), layer: std::cell::Cell::new(0), ex, mla_decode: RefCell::new(None) };
         let (t, d) = (s.tokens, cfg.hidden_size);
         let eps = cfg.rms_norm_eps;
         let n_src = (0..cfg.num_layers).filter(|&l| cfg.is_block_start(l)).count() + 1;
@@ -368,6 +368,16 @@ struct Ctx<'a, B: ModelBackend> {
     layer: std::cell::Cell<usize>,
     /// One op runner for the whole step, so its GEMM workspace is allocated once per step.
     ex: Exec<'a, B>,
+    /// The step's MLA decode plan, workspace and device schedule, prepared by the first MLA
+    /// layer and reused by the others (the schedule launch runs once per step, not per layer).
+    mla_decode: RefCell<Option<MlaStepDecode<B>>>,
+}
+
+/// What every MLA layer of a decode step shares (see [`kernel_api::ops::MlaPreparedSchedule`]).
+struct MlaStepDecode<B: Backend> {
+    plan: kernel_api::ops::MlaDecodePlan,
+    ws: B::Buffer,
+    schedule: kernel_api::ops::MlaPreparedSchedule,
 }
 
 impl<'a, B: ModelBackend> Ctx<'a, B> {
@@ -558,8 +568,18 @@ impl<'a, B: ModelBackend> Ctx<'a, B> {
             };
             let batch = MlaDecodeBatch { seq_lens: &s.seq_lens, block_table: &s.block_table, max_pages_per_seq: s.max_pages };
             let plan = kernel_api::ops::MlaDecode::plan(self.b, &params, &batch)?;
-            let ws_bytes = kernel_api::ops::MlaDecode::workspace_size(self.b, &plan);
-            let mut ws = self.b.alloc_zeroed(ws_bytes)?;
+            let mut shared = self.mla_decode.borrow_mut();
+            // A layer whose plan differs (another cache geometry) prepares its own; its schedule
+            // check would refuse the other's anyway.
+            let d = match shared.take() {
+                Some(d) if d.plan == plan => shared.insert(d),
+                _ => {
+                    let mut ws = self.b.alloc_zeroed(kernel_api::ops::MlaDecode::workspace_size(self.b, &plan))?;
+                    let stream = self.b.default_stream();
+                    let schedule = kernel_api::ops::MlaDecode::prepare_schedule(self.b, &plan, &st.seq_lens.as_ref(), Some(&mut ws), stream)?;
+                    shared.insert(MlaStepDecode { plan, ws, schedule })
+                }
+            };
             let args = MlaDecodeArgs {
                 q: view(&q_abs, &[t, 1, h, width], &[h * width, h * width, width, 1], 0),
                 kv_cache: pool.as_ref(),
@@ -568,7 +588,7 @@ impl<'a, B: ModelBackend> Ctx<'a, B> {
                 out: view_mut(&mut ctx, &[t, 1, h, lat], &[h * lat, h * lat, lat, 1], 0),
                 lse: None,
             };
-            kernel_api::ops::MlaDecode::run(self.b, &plan, args, Some(&mut ws), self.b.default_stream())?;
+            kernel_api::ops::MlaDecode::run_prepared(self.b, &d.plan, &d.schedule, args, Some(&mut d.ws), self.b.default_stream())?;
         } else {
             let cu32: Vec<i32> = s.cu_seqlens.iter().map(|&x| x as i32).collect();
             let params = MlaPrefillAbsorbedParams { cache, heads: h, softmax_scale: m.softmax_scale(), causal: true };

@@ -5,8 +5,10 @@
 
 pub mod oracle;
 pub mod prefill;
+mod schedule_reuse;
 
 pub use prefill::{mla_prefill_absorbed_matches_oracle, mla_prefill_absorbed_rejects_bad_input};
+pub use schedule_reuse::mla_decode_schedule_reuse;
 
 use self::oracle::{decode_oracle, e4m3_value, softmax_attention, PagedCase};
 use super::{download_f32, round_through, upload_f32, TestRng};

@@ -40,6 +40,7 @@ macro_rules! __k3_for_each_test {
             mla_decode: mla_decode::mla_decode_split_equals_unsplit,
             mla_decode: mla_decode::mla_decode_variants_agree,
             mla_decode: mla_decode::mla_decode_rejects_bad_input,
+            mla_decode: mla_decode::mla_decode_schedule_reuse,
             mla_prefill_absorbed: mla_decode::mla_prefill_absorbed_matches_oracle,
             mla_prefill_absorbed: mla_decode::mla_prefill_absorbed_rejects_bad_input,
             mla_prefill: mla_prefill::mla_prefill_matches_naive,

@@ -12,9 +12,10 @@ use crate::ops::check_workspace;
 use crate::ops::kv_cache::decode_token;
 use crate::ops::mla_decode::{
     MlaDecode, MlaDecodeArgs, MlaDecodeParams, MlaDecodePlan, MlaKernel, MlaPagedCache, MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs,
-    MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaWorkItem, HEAD_GROUP,
+    MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaPreparedSchedule, MlaWorkItem, HEAD_GROUP,
 };
-use crate::tensor::TensorRef;
+use crate::dtype::DType;
+use crate::tensor::{Dim, TensorRef};
 use std::ops::Range;
 
 /// Read access to the paged cache tensor's token rows.
@@ -324,6 +325,38 @@ impl MlaDecode for CpuBackend {
         }
         Ok(())
     }
+
+    /// Nothing to write (the reference executes the host schedule); checks what a GPU backend
+    /// reads, so the receipt means the same on every backend.
+    fn prepare_schedule(
+        &self,
+        plan: &MlaDecodePlan,
+        seq_lens: &TensorRef<'_, Self>,
+        workspace: Option<&mut HostBuffer>,
+        _stream: &CpuStream,
+    ) -> Result<MlaPreparedSchedule> {
+        seq_lens.check(self, "seq_lens")?.dtype(&[DType::I32])?.shape(&[Dim::Is(plan.batch)])?;
+        check_same("seq_lens", &read_i64(seq_lens)?, &plan.seq_lens)?;
+        check_workspace(self, workspace.as_deref(), MlaDecode::workspace_size(self, plan))?;
+        Ok(MlaPreparedSchedule::new(plan, workspace_identity(workspace.as_deref())))
+    }
+
+    fn run_prepared(
+        &self,
+        plan: &MlaDecodePlan,
+        schedule: &MlaPreparedSchedule,
+        args: MlaDecodeArgs<'_, Self>,
+        workspace: Option<&mut HostBuffer>,
+        stream: &CpuStream,
+    ) -> Result<()> {
+        schedule.check(plan, workspace_identity(workspace.as_deref()))?;
+        MlaDecode::run(self, plan, args, workspace, stream)
+    }
+}
+
+/// The workspace's address (0 without one): what a prepared schedule is bound to.
+fn workspace_identity(ws: Option<&HostBuffer>) -> u64 {
+    ws.map_or(0, |b| b.0.as_ptr() as u64)
 }
 
 impl MlaPrefillAbsorbed for CpuBackend {

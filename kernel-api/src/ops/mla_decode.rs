@@ -76,7 +76,9 @@
 //! kv_start, kv_end, slot or -1), `cu_indptr` `[compute_units + 1]`, `reduce` `[n_reduce, 4]` =
 //! (batch, head group, first slot, count). GPU backends rebuild it there with a device kernel
 //! from `seq_lens` (AITER's `get_mla_metadata_v1`: `run` never uploads); the CPU reference
-//! executes the host copy and leaves those bytes alone.
+//! executes the host copy and leaves those bytes alone. [`MlaDecode::prepare_schedule`] builds it
+//! once per decode step and [`MlaDecode::run_prepared`] reuses it in every MLA layer with the same
+//! plan and workspace (`run` builds it on every call).
 //!
 //! # Dtypes
 //!
@@ -85,7 +87,9 @@
 
 mod partition;
 mod prefill;
+mod prepared;
 
+pub use prepared::MlaPreparedSchedule;
 pub use partition::{MlaReduceEntry, MlaSchedule, MlaWorkItem, ASM_MIN_CHUNK_TOKENS, GLUON_MIN_SPLIT_TOKENS};
 pub use prefill::{
     MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedBatch, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaPrefillAbsorbedWorkItem, PREFILL_Q_TILE,
@@ -454,9 +458,33 @@ pub trait MlaDecode: Backend {
     fn workspace_size(&self, plan: &MlaDecodePlan) -> usize {
         plan.workspace_bytes()
     }
+    /// Builds the plan's schedule in `workspace` and runs the decode.
     fn run(
         &self,
         plan: &MlaDecodePlan,
+        args: MlaDecodeArgs<'_, Self>,
+        workspace: Option<&mut Self::Buffer>,
+        stream: &Self::Stream,
+    ) -> Result<()>;
+    /// Writes the plan's device schedule into `workspace` once (asm plans on GPU backends, from
+    /// the device `seq_lens` `[batch]` i32; Gluon plans and the CPU reference have nothing to
+    /// write) and returns the receipt [`Self::run_prepared`] takes: every MLA layer of a decode
+    /// step with this plan then skips the schedule launch. See [`MlaPreparedSchedule`] for how a
+    /// stale schedule is refused.
+    fn prepare_schedule(
+        &self,
+        plan: &MlaDecodePlan,
+        seq_lens: &TensorRef<'_, Self>,
+        workspace: Option<&mut Self::Buffer>,
+        stream: &Self::Stream,
+    ) -> Result<MlaPreparedSchedule>;
+    /// [`Self::run`] with the schedule [`Self::prepare_schedule`] wrote into this `workspace`
+    /// for this plan (an `InvalidInput` naming `schedule` otherwise). The workspace's schedule
+    /// bytes must not be written in between; its partials may be (each run rewrites them).
+    fn run_prepared(
+        &self,
+        plan: &MlaDecodePlan,
+        schedule: &MlaPreparedSchedule,
         args: MlaDecodeArgs<'_, Self>,
         workspace: Option<&mut Self::Buffer>,
         stream: &Self::Stream,

@@ -68,7 +68,7 @@ pub use mla_cache_write::{MlaCacheWrite, MlaCacheWriteArgs, MlaCacheWriteBatch, 
 pub use mla_prefill::{MlaPrefill, MlaPrefillArgs, MlaPrefillBatch, MlaPrefillKv, MlaPrefillParams, MlaPrefillPlan};
 pub use tensor_ops::{AddAssign, AddAssignArgs, CopyCast, CopyCastArgs, ElementwiseParams, ElementwisePlan};
 pub use mla_decode::{
-    MlaDecode, MlaDecodeArgs, MlaDecodeBatch, MlaDecodeParams, MlaDecodePlan, MlaDecodeVariant, MlaKernel, MlaPagedCache,
+    MlaPreparedSchedule, MlaDecode, MlaDecodeArgs, MlaDecodeBatch, MlaDecodeParams, MlaDecodePlan, MlaDecodeVariant, MlaKernel, MlaPagedCache,
     MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedBatch, MlaPrefillAbsorbedParams, MlaPrefillAbsorbedPlan, MlaSchedule, MlaSplitPolicy,
 };
 pub use moe_align::{MoeAlign, MoeAlignArgs, MoeAlignParams, MoeAlignPlan, MoeRouting};

@@ -51,6 +51,22 @@ constexpr int kSplitMaxWarps = kSplitLanes * kSplitMaxVecs / k3::kWarpSize;
 constexpr int kWsHeader = 4;
 }  // namespace kda_decode_fused
 
+// x, g, β, the conv and recurrent states and out are f32 or bf16 (KdaDecodePlan::check_args):
+// the generic and prepare kernels load and store them two ways instead of through
+// k3::load_f32's switch over every dtype, whose extra paths held enough uniform values to spill
+// SGPRs into VGPR lanes on gfx942/gfx950. (kda_decode_norm keeps k3::load_f32: nvcc unrolled its
+// loop with the two-way form, 48 registers instead of 32.)
+K3_DEVICE float kda_decode_load(const void* p, int dt, int64_t i) {
+  return dt == k3::kBF16 ? k3::bf16_to_f32(k3::bf16{static_cast<const uint16_t*>(p)[i]}) : static_cast<const float*>(p)[i];
+}
+K3_DEVICE void kda_decode_store(void* p, int dt, int64_t i, float v) {
+  if (dt == k3::kBF16) {
+    static_cast<uint16_t*>(p)[i] = k3::f32_to_bf16(v).bits;
+  } else {
+    static_cast<float*>(p)[i] = v;
+  }
+}
+
 // Sum over the block; every thread gets the same value. `red` holds kWarps floats and must not
 // be reused by another reduction of the same block.
 K3_DEVICE float kda_decode_block_sum(float v, float* red) {
@@ -106,29 +122,31 @@ KDA_DECODE_INLINE K3_DEVICE KdaDecodeHeadScalars kda_decode_head_inputs(
     const int c = e < K ? h * K + e : (e < 2 * K ? HK + h * K + (e - K) : 2 * HK + h * V + (e - 2 * K));
     const int64_t cs = slot * cs_s0 + c * cs_s1;
     // One tap at a time, each history value moved one place down right after it is read (a
-    // rolled loop: the register window of an unrolled one spilled SGPRs on AMD).
+    // rolled loop: the register window of an unrolled one spilled SGPRs on AMD, and nvcc's
+    // unrolling took sm_100a to 64-72 registers instead of 48).
     float acc = 0.0f;
+#pragma unroll 1
     for (int j = 0; j < hist; ++j) {
-      const float hj = k3::load_f32(conv_state, cs_dt, cs + j * cs_s2);
+      const float hj = kda_decode_load(conv_state, cs_dt, cs + j * cs_s2);
       acc += conv_w[c * cw_s0 + j * cw_s1] * hj;
-      if (j > 0) k3::store_f32(conv_state, cs_dt, cs + (j - 1) * cs_s2, hj);
+      if (j > 0) kda_decode_store(conv_state, cs_dt, cs + (j - 1) * cs_s2, hj);
     }
-    const float xv = k3::load_f32(x, x_dt, b * x_s0 + c);
+    const float xv = kda_decode_load(x, x_dt, b * x_s0 + c);
     acc += conv_w[c * cw_s0 + hist * cw_s1] * xv;
-    if (hist > 0) k3::store_f32(conv_state, cs_dt, cs + (hist - 1) * cs_s2, xv);
+    if (hist > 0) kda_decode_store(conv_state, cs_dt, cs + (hist - 1) * cs_s2, xv);
     u[e] = acc * k3::sigmoid_f32(acc);
   }
   // 2. Decay gate.
   const float a_exp = gate_mode == kGateLowerBound || gate_mode == kGateSoftplus ? k3::exp_f32(a_log[h * al_s0]) : 0.0f;
   for (int i = tid; i < K; i += kThreads) {
-    const float f = k3::load_f32(g_raw, g_dt, b * g_s0 + h * g_s1 + i);
+    const float f = kda_decode_load(g_raw, g_dt, b * g_s0 + h * g_s1 + i);
     const float z = f + (dt_bias != nullptr ? dt_bias[(h * K + i) * db_s0] : 0.0f);
     float g = f;
     if (gate_mode == kGateLowerBound) g = lower_bound * k3::sigmoid_f32(a_exp * z);
     if (gate_mode == kGateSoftplus) g = -a_exp * kda_decode_softplus(z);
     alpha[i] = k3::exp_f32(g);
   }
-  const float bv = k3::load_f32(beta_in, beta_dt, b * be_s0 + h * be_s1);
+  const float bv = kda_decode_load(beta_in, beta_dt, b * be_s0 + h * be_s1);
   KdaDecodeHeadScalars r{beta_sigmoid ? k3::sigmoid_f32(bv) : bv, scale, 1.0f};
   k3::sync_threads();
 
@@ -147,19 +165,13 @@ KDA_DECODE_INLINE K3_DEVICE KdaDecodeHeadScalars kda_decode_head_inputs(
   return r;
 }
 
-// The slot of a row, checked; false when the block has nothing more to do with the pools (a
-// rejected slot, reported; or the null slot, whose output row it zeroes). Block-uniform.
+// The slot of a row, checked (block-uniform); false for a slot outside [0, slots), reported.
+// The null slot 0 (a padded graph row: zeros out, pools untouched) passes; the caller skips it.
 K3_DEVICE bool kda_decode_claim_slot(const int32_t* state_indices, int64_t si_s0, int b, int h, int slots, int batch,
-                                     void* out, int out_dt, int64_t out_row, int V, k3::ErrorRecord* err, int* slot_out) {
+                                     k3::ErrorRecord* err, int* slot_out) {
   const int slot = state_indices[b * si_s0];
   *slot_out = slot;
   if (!k3::index_ok(err, k3::kCheckKdaDecodeStateIndices, b, slot, 0, slots)) return false;
-  if (slot == 0) {  // null slot (padded graph row): zeros out, pools untouched
-    for (int j = static_cast<int>(k3::thread_idx_x()); j < V; j += kda_decode_fused::kThreads) {
-      k3::store_f32(out, out_dt, out_row + j, 0.0f);
-    }
-    return false;
-  }
   if (h == 0) k3::block_unique(err, k3::kCheckKdaDecodeStateIndices, state_indices, k3::kI32, si_s0, batch, b, slot, 0);
   return true;
 }
@@ -185,9 +197,11 @@ K3_KERNEL void kda_decode_generic_step(
   const int h = row % heads;
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int K = head_k, V = head_v;
-  const int64_t out_row = b * out_s0 + h * out_s1;
   int slot = 0;
-  if (!kda_decode_claim_slot(state_indices, si_s0, b, h, slots, batch, out, out_dt, out_row, V, err, &slot)) return;
+  if (!kda_decode_claim_slot(state_indices, si_s0, b, h, slots, batch, err, &slot)) return;
+  // Steps 1-4 only for a real slot; a null row reaches the output stage with zeros. (Zeroing it
+  // here instead kept the output arguments live in SGPRs across the whole kernel: spills on AMD.)
+  const bool live_row = slot != 0;
 
   float* u = k3::dynamic_shared<float>();  // [2K + V]: q | k | v of this head after conv + SiLU
   float* alpha = u + 2 * K + V;            // [K] decay factors
@@ -195,7 +209,8 @@ K3_KERNEL void kda_decode_generic_step(
   float* tile = o + V;                     // [K][kTileStride] one chunk of the state
   K3_SHARED(float, red, [3][kWarps]);
 
-  const KdaDecodeHeadScalars hs = kda_decode_head_inputs(
+  KdaDecodeHeadScalars hs{0.0f, 0.0f, 0.0f};
+  if (live_row) hs = kda_decode_head_inputs(
       x, x_dt, x_s0, conv_w, cw_s0, cw_s1, conv_state, cs_dt, cs_s0, cs_s1, cs_s2, g_raw, g_dt, g_s0, g_s1, beta_in,
       beta_dt, be_s0, be_s1, a_log, al_s0, dt_bias, db_s0, b, h, slot, heads, K, V, width, gate_mode, lower_bound,
       beta_sigmoid, qk_l2norm, scale, u, alpha, red[0]);
@@ -206,12 +221,21 @@ K3_KERNEL void kda_decode_generic_step(
   const int jj = tid / kGroup;  // this thread's column in the tile
   const int lane_k = tid % kGroup;
   const int tile_elems = K * kChunk;
-  for (int j0 = 0; j0 < V; j0 += kChunk) {
+  // Tile element e = tid + n·kThreads is (fast, slow) = (e % fast, e / fast), fast along the
+  // state's closer-to-contiguous dim; both advance by constant steps, so the tile loops divide
+  // once per kernel, not per element. They stay rolled: unrolled, nvcc used 95 registers (48).
+  const int fast = k_fast ? K : kChunk;
+  const int d_fast = kThreads % fast, d_slow = kThreads / fast;
+  const int f0 = tid % fast, s0 = tid / fast;
+  for (int j0 = 0; live_row && j0 < V; j0 += kChunk) {
     // Coalesced load with the decay applied: consecutive threads walk the contiguous dim.
-    for (int e = tid; e < tile_elems; e += kThreads) {
-      const int i = k_fast ? e % K : e / kChunk;
-      const int c = k_fast ? e / K : e % kChunk;
-      if (j0 + c < V) tile[i * kTileStride + c] = alpha[i] * k3::load_f32(state, st_dt, s_base + i * st_k + (j0 + c) * st_v);
+#pragma unroll 1
+    for (int e = tid, f = f0, sl = s0; e < tile_elems; e += kThreads) {
+      const int i = k_fast ? f : sl, c = k_fast ? sl : f;
+      if (j0 + c < V) tile[i * kTileStride + c] = alpha[i] * kda_decode_load(state, st_dt, s_base + i * st_k + (j0 + c) * st_v);
+      f += d_fast;
+      sl += d_slow + (f >= fast);
+      f -= f >= fast ? fast : 0;
     }
     k3::sync_threads();
     const int j = j0 + jj;
@@ -233,29 +257,33 @@ K3_KERNEL void kda_decode_generic_step(
     qs = kda_decode_group_sum(qs);
     if (live && lane_k == 0) o[j] = qs;
     k3::sync_threads();
-    for (int e = tid; e < tile_elems; e += kThreads) {
-      const int i = k_fast ? e % K : e / kChunk;
-      const int c = k_fast ? e / K : e % kChunk;
-      if (j0 + c < V) k3::store_f32(state, st_dt, s_base + i * st_k + (j0 + c) * st_v, tile[i * kTileStride + c]);
+#pragma unroll 1
+    for (int e = tid, f = f0, sl = s0; e < tile_elems; e += kThreads) {
+      const int i = k_fast ? f : sl, c = k_fast ? sl : f;
+      if (j0 + c < V) kda_decode_store(state, st_dt, s_base + i * st_k + (j0 + c) * st_v, tile[i * kTileStride + c]);
+      f += d_fast;
+      sl += d_slow + (f >= fast);
+      f -= f >= fast ? fast : 0;
     }
     k3::sync_threads();  // the next chunk overwrites the tile
   }
 
   // 5. Output, optionally through the gated RMSNorm.
   float inv_rms = 1.0f;
-  if (gated_norm) {
+  if (gated_norm && live_row) {
     float ss = 0.0f;
     for (int jv = tid; jv < V; jv += kThreads) ss += o[jv] * o[jv];
     ss = kda_decode_block_sum(ss, red[2]);
     inv_rms = 1.0f / k3::sqrt_f32(ss / static_cast<float>(V) + norm_eps);
   }
+  const int64_t out_row = b * out_s0 + h * out_s1;
   for (int jv = tid; jv < V; jv += kThreads) {
-    float y = o[jv];
-    if (gated_norm) {
-      const float gate = k3::load_f32(out_gate, og_dt, b * og_s0 + h * og_s1 + jv);
+    float y = live_row ? o[jv] : 0.0f;
+    if (gated_norm && live_row) {
+      const float gate = kda_decode_load(out_gate, og_dt, b * og_s0 + h * og_s1 + jv);
       y = norm_w[jv * nw_s0] * y * inv_rms * k3::sigmoid_f32(gate);
     }
-    k3::store_f32(out, out_dt, out_row + jv, y);
+    kda_decode_store(out, out_dt, out_row + jv, y);
   }
 }
 K3_EXPORT(kda_decode_generic_step);
@@ -282,9 +310,12 @@ K3_KERNEL void kda_decode_prepare(
   const int K = head_k, V = head_v;
   float* w = ws + row * ws_row;
   int slot = 0;
-  if (!kda_decode_claim_slot(state_indices, si_s0, b, h, slots, batch, out, out_dt, b * out_s0 + h * out_s1, V, err,
-                             &slot)) {
+  const bool ok = kda_decode_claim_slot(state_indices, si_s0, b, h, slots, batch, err, &slot);
+  if (!ok || slot == 0) {
     if (tid == 0) w[0] = k3::uint_as_float(0u);  // tells the split and norm kernels to skip the row
+    if (ok) {  // the null slot: zeros out
+      for (int j = tid; j < V; j += kThreads) kda_decode_store(out, out_dt, b * out_s0 + h * out_s1 + j, 0.0f);
+    }
     return;
   }
   float* u = k3::dynamic_shared<float>();  // [2K + V]: q | k | v of this head after conv + SiLU
@@ -348,7 +379,15 @@ K3_DEVICE k3::f32x4 kda_decode_split_sum(k3::f32x4 v, k3::f32x4* red, int cv, in
 // kSplitLanes·vecs threads. Thread t holds column vector cv = t % vecs, rows kl = t / vecs and
 // kl + kSplitLanes. The state is f32 with unit stride along v; every offset is a multiple of 4
 // floats (the launcher checks it), so each row of the slice moves as one 16-byte vector.
-K3_KERNEL void kda_decode_fused_step(
+// At most kSplitLanes·kSplitMaxVecs = 256 threads; on NVIDIA at least 6 such blocks per SM:
+// ptxas then fits 40 registers (48 without: 5 blocks, 40 of 64 warps resident; 6 blocks give
+// 48 warps). Asking for 8 blocks (32 registers) put 16 B on the stack.
+#if K3_TARGET_CUDA
+#define KDA_DECODE_SPLIT_BOUNDS __launch_bounds__(kda_decode_fused::kSplitLanes * kda_decode_fused::kSplitMaxVecs, 6)
+#else
+#define KDA_DECODE_SPLIT_BOUNDS
+#endif
+K3_KERNEL KDA_DECODE_SPLIT_BOUNDS void kda_decode_fused_step(
     float* ws, int64_t ws_row,                                         // [B·H, ws_row]
     float* state, int64_t st_slot, int64_t st_head, int64_t st_k,            // v stride 1
     void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V], unit inner

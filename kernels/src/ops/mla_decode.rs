@@ -4,7 +4,8 @@
 //! - Gluon: one launch over (batch, head group x query row tile, split), then, with more than
 //!   one split, `mla_decode_reduce` over the (batch, head group) entries.
 //! - Asm: `mla_decode_asm_schedule` rebuilds the plan's partition in the workspace from the
-//!   device `seq_lens`, `mla_decode_asm` runs one persistent block per compute unit over its
+//!   device `seq_lens` (in `run`, or once per step in `prepare_schedule`, which `run_prepared`
+//!   then skips), `mla_decode_asm` runs one persistent block per compute unit over its
 //!   items, `mla_decode_reduce` merges the split pairs.
 //! - Prefill: one launch over (row tile, head group, sequence) reading the device `cu_seqlens_q`.
 //!
@@ -18,11 +19,11 @@ use kernel_api::ops::check_workspace;
 use kernel_api::ops::kv_cache::KvCacheFormat;
 use kernel_api::ops::mla_decode::{
     MlaDecode, MlaDecodeArgs, MlaDecodePlan, MlaKernel, MlaPagedCache, MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedParams,
-    MlaPrefillAbsorbedPlan, HEAD_GROUP,
+    MlaPrefillAbsorbedPlan, MlaPreparedSchedule, HEAD_GROUP,
 };
 use kernel_api::ops::MlaDecodeParams;
 use kernel_api::error::Reasons;
-use kernel_api::{DType, Error, Result, TensorRef};
+use kernel_api::{DType, Dim, Error, Result, TensorRef};
 
 /// Threads of the attention kernels (`mla::kBlock`), rows per row tile (`mla::kRows`), tokens
 /// per KV tile (`mla::kTile`) and the SIMT path's register budget.
@@ -129,6 +130,75 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
     }
 
     fn run(&self, plan: &MlaDecodePlan, args: MlaDecodeArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<()> {
+        self.mla_decode(plan, args, ws, stream, ScheduleSource::Build)
+    }
+
+    fn prepare_schedule(&self, plan: &MlaDecodePlan, seq_lens: &TensorRef<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<MlaPreparedSchedule> {
+        seq_lens.check(self, "seq_lens")?.dtype(&[DType::I32])?.shape(&[Dim::Is(plan.batch)])?;
+        check_workspace(self, ws.as_deref(), MlaDecode::workspace_size(self, plan))?;
+        MlaDecode::supports(self, &plan.params)?;
+        let ws = ws.as_deref();
+        if plan.kernel == MlaKernel::Asm && plan.batch > 0 {
+            self.launch_asm_schedule(plan, seq_lens, ws, stream)?;
+        }
+        Ok(MlaPreparedSchedule::new(plan, self.ws_ptr(ws, 0).0))
+    }
+
+    fn run_prepared(
+        &self,
+        plan: &MlaDecodePlan,
+        schedule: &MlaPreparedSchedule,
+        args: MlaDecodeArgs<'_, Self>,
+        ws: Option<&mut R::Buffer>,
+        stream: &R::Stream,
+    ) -> Result<()> {
+        schedule.check(plan, self.ws_ptr(ws.as_deref(), 0).0)?;
+        self.mla_decode(plan, args, ws, stream, ScheduleSource::Prepared)
+    }
+}
+
+/// Byte offsets in the workspace of the asm schedule's items, cu_indptr and reduce map (the
+/// layout of the kernel-api module docs, "Workspace").
+fn asm_schedule_offsets(plan: &MlaDecodePlan) -> (usize, usize, usize) {
+    let items = plan.schedule_offset();
+    let cu_indptr = items + 20 * plan.schedule.items.len();
+    (items, cu_indptr, cu_indptr + 4 * plan.schedule.cu_indptr.len())
+}
+
+/// Whether a decode builds the asm schedule in the workspace or finds it there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ScheduleSource {
+    Build,
+    Prepared,
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// `mla_decode_asm_schedule`: rebuilds the plan's partition in the workspace from the device
+    /// `seq_lens` (one block).
+    fn launch_asm_schedule(&self, plan: &MlaDecodePlan, lens: &TensorRef<'_, Self>, ws: Option<&R::Buffer>, stream: &R::Stream) -> Result<()> {
+        let s = &plan.schedule;
+        let cus = s.cu_indptr.len().saturating_sub(1);
+        let (items, cu_indptr, reduce_map) = asm_schedule_offsets(plan);
+        let mut a = KernelArgs::new();
+        arg(&mut a, self.ptr(lens.buf, &lens.layout));
+        arg(&mut a, lens.layout.strides[0] as i64);
+        arg(&mut a, to_i32("batch", plan.batch)?);
+        arg(&mut a, to_i32("head groups", plan.head_groups)?);
+        arg(&mut a, i64::try_from(s.quota).map_err(|_| Error::unsupported("plan.schedule.quota", "exceeds i64"))?);
+        arg(&mut a, to_i32("compute units", cus)?);
+        arg(&mut a, to_i32("work items", s.items.len())?);
+        arg(&mut a, to_i32("reduce entries", s.reduce.len())?);
+        arg(&mut a, self.ws_ptr(ws, items));
+        arg(&mut a, self.ws_ptr(ws, cu_indptr));
+        arg(&mut a, self.ws_ptr(ws, reduce_map));
+        arg(&mut a, to_i32("params.q_len", plan.params.q_len)?);
+        arg(&mut a, (plan.max_pages_per_seq as i64).saturating_mul(plan.params.cache.page_size as i64));
+        arg(&mut a, plan.seq_lens.iter().map(|&l| l as i64).sum::<i64>());
+        self.push_checks(&mut a, stream)?;
+        self.launch("mla_decode_asm_schedule", LaunchConfig::new(1u32, SCHEDULE_THREADS, 0), &mut a, stream)
+    }
+
+    fn mla_decode(&self, plan: &MlaDecodePlan, args: MlaDecodeArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream, source: ScheduleSource) -> Result<()> {
         plan.check_args(self, &args)?;
         check_workspace(self, ws.as_deref(), MlaDecode::workspace_size(self, plan))?;
         MlaDecode::supports(self, &plan.params)?;
@@ -191,26 +261,10 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
             }
             MlaKernel::Asm => {
                 let cus = s.cu_indptr.len().saturating_sub(1);
-                let items = plan.schedule_offset();
-                let cu_indptr = items + 20 * s.items.len();
-                let reduce_map = cu_indptr + 4 * s.cu_indptr.len();
-                let mut a = KernelArgs::new();
-                arg(&mut a, self.ptr(args.seq_lens.buf, &args.seq_lens.layout));
-                arg(&mut a, args.seq_lens.layout.strides[0] as i64);
-                arg(&mut a, batch as i32);
-                arg(&mut a, to_i32("head groups", plan.head_groups)?);
-                arg(&mut a, i64::try_from(s.quota).map_err(|_| Error::unsupported("plan.schedule.quota", "exceeds i64"))?);
-                arg(&mut a, to_i32("compute units", cus)?);
-                arg(&mut a, to_i32("work items", s.items.len())?);
-                arg(&mut a, to_i32("reduce entries", s.reduce.len())?);
-                arg(&mut a, self.ws_ptr(ws, items));
-                arg(&mut a, self.ws_ptr(ws, cu_indptr));
-                arg(&mut a, self.ws_ptr(ws, reduce_map));
-                arg(&mut a, to_i32("params.q_len", q_len)?);
-                arg(&mut a, (plan.max_pages_per_seq as i64).saturating_mul(p.cache.page_size as i64));
-                arg(&mut a, plan.seq_lens.iter().map(|&l| l as i64).sum::<i64>());
-                self.push_checks(&mut a, stream)?;
-                self.launch("mla_decode_asm_schedule", LaunchConfig::new(1u32, SCHEDULE_THREADS, 0), &mut a, stream)?;
+                let (items, cu_indptr, reduce_map) = asm_schedule_offsets(plan);
+                if source == ScheduleSource::Build {
+                    self.launch_asm_schedule(plan, &args.seq_lens, ws, stream)?;
+                }
 
                 let mut a = KernelArgs::new();
                 common(&mut a)?;
