@@ -334,6 +334,9 @@ pub fn moe_gemm_bf16_matches_dense_reference<B: Backend + MoeAlign + MoeGroupedG
         // kernel: a full one and a partial one), bf16 act so both stages read bf16 inputs; k and
         // n not multiples of 32 / 64 (tails of the k steps and of the column tiles).
         Cfg { act_dt: DType::BF16, ..cfg(72, 80, 40, 2, 2, 128) },
+        // Decode-sized: 1 pair, gate/up over k = 224 (3 steps of 64 and a 32-wide tail), which
+        // the GPU backends split over k on any device with 2+ compute units.
+        Cfg { act_dt: DType::BF16, ..cfg(1, 224, 64, 8, 1, 16) },
     ];
     for c in &cases {
         let pr = make_problem(&mut rng, c, MoeWeightFormat::Dense);
@@ -351,6 +354,8 @@ pub fn moe_gemm_mxfp4_matches_dense_reference<B: Backend + MoeAlign + MoeGrouped
         // Several row chunks per M-block (70 pairs per expert, block_m 128), 1.5 column tiles of
         // down outputs.
         Cfg { act_dt: DType::BF16, ..cfg(70, 96, 32, 2, 2, 128) },
+        // Decode-sized, split over k on the GPU backends (2 pairs, k = 256 for gate/up).
+        Cfg { act_dt: DType::BF16, ..cfg(1, 256, 32, 6, 2, 16) },
     ];
     for c in &cases {
         let pr = make_problem(&mut rng, c, MoeWeightFormat::Mxfp4);

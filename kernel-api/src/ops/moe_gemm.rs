@@ -222,7 +222,9 @@ pub trait MoeGroupedGemm: Backend {
         MoeGroupedGemm::supports(self, params)?;
         Ok(plan)
     }
-    /// Tiles write disjoint output rows directly: no workspace.
+    /// Bytes of scratch `run` needs. Default (tiles write disjoint output rows directly): none.
+    /// The GPU backends ask for f32 partial sums when they split k at decode sizes (their
+    /// `workspace_size` depends on the device's compute units); callers size it with this call.
     fn workspace_size(&self, _plan: &MoeGemmPlan) -> usize {
         0
     }

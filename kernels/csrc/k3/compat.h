@@ -20,6 +20,7 @@
 //                  encode (round to nearest even, saturating) and decode (k3/convert.h); packed
 //                  hardware forms for hot loops: bf16x2 packing, fp8x2 -> f32/f16/bf16 (k3/convert_hw.h)
 //   matrix tiles   k3::mma fragments for bf16 MMA with f32 accumulate (k3/mma.h)
+//   async copies   k3::AsyncCopy: 16-B global -> shared copies in commit/wait groups (k3/async_copy.h)
 //   trap()         device-side assertion failure
 //
 // Rules for kernel sources (so that the emulator can compile each file at both warp sizes into
@@ -99,6 +100,7 @@ typedef short int16_t;
 #include "k3/math.h"
 #include "k3/tensor.h"
 #include "k3/vec.h"
+#include "k3/async_copy.h"
 #include "k3/checks.h"
 
 #endif  // K3_COMPAT_H

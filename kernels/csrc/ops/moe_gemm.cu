@@ -16,6 +16,12 @@
 // pair's router weight; one rounding to the output dtype. Rows of pairs no block serves are
 // zeroed beforehand by moe_gemm_zero_rows.
 //
+// Split over k (decode sizes, block_m <= 16: moe_gemm_grouped_m16_splitk_mma): grid.y runs over
+// (split, column tile), split z multiplies k in [z * k_chunk, min(k, (z + 1) * k_chunk)) and
+// writes its raw f32 accumulators (gate at column j, up at n + j) to the workspace rows of its
+// pairs; moe_gemm_splitk_reduce then sums the splits in ascending order (a fixed order: the
+// result is deterministic, no atomics) and applies the epilogue.
+//
 // The align outputs are device data and are checked (k3/checks.h) where they are read: once per
 // block num_tokens_post_padded (a multiple of block_m in [0, max_padded]) and the block's expert
 // id (in [-1, experts)), once per row its sorted token id (in [0, pairs], pairs = the padding
@@ -157,7 +163,8 @@ K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int
                                 const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out, int out_dt,
                                 int64_t out_s0, int64_t out_s1, int pairs, int top_k, int experts, int block_m, int k,
                                 int n, int max_padded, int gate_up, float beta, float linear_beta, int mxfp8,
-                                k3::ErrorRecord* err) {
+                                int k_chunk, float* partial, k3::ErrorRecord* err) {
+  (void)k_chunk, (void)partial;  // never split over k (the launcher sends k_chunk >= k, no partial)
   K3_SHARED(float, a_tile, [kMoeRM][kMoeBK + 1]);
   K3_SHARED(float, w_tile, [2 * kMoeBN][kMoeBK + 1]);
   K3_SHARED(int, row_pair, [kMoeRM]);
@@ -263,6 +270,13 @@ K3_EXPORT(moe_gemm_grouped);
 #else
 #define MOE_MMA_BOUNDS
 #endif
+// The split-k kernel: 3 resident blocks per SM asked for on NVIDIA (<= 168 registers), which the
+// launcher's split count assumes; without it nvcc caps sm_100a/sm_103a at 128 and spills.
+#if K3_TARGET_CUDA
+#define MOE_MMA_SPLIT_BOUNDS __launch_bounds__(128, 3)
+#else
+#define MOE_MMA_SPLIT_BOUNDS MOE_MMA_BOUNDS
+#endif
 
 namespace {
 
@@ -283,7 +297,7 @@ static_assert(kMmaThreads % kBf16ChunksPerRow == 0, "every thread stages whole a
 // The MXFP8 round trip of a 16-B chunk of 8 bf16 held by one lane, 4 consecutive lanes holding
 // the 32 values of one MX block (the amax and NaN/Inf flag reduced over them). Every lane of the
 // warp must call it.
-K3_DEVICE k3::u32x4 moe_mxfp8_chunk(k3::u32x4 x) {
+MOE_INLINE K3_DEVICE k3::u32x4 moe_mxfp8_chunk(k3::u32x4 x) {
   float f[8];
   MOE_UNROLL
   for (int h = 0; h < 4; ++h) {
@@ -320,14 +334,15 @@ struct alignas(16) MoeMmaShared {
   float row_w[kMmaRM];   // Down: the pair's router weight
 };
 
-template <class S, bool kGateUp, int kRM>
+template <class S, bool kGateUp, int kRM, bool kSplit>
 MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void* input, int64_t in_s0,
                                              const void* weight, int64_t w_s0, int64_t w_s1, const uint8_t* scale,
                                              int64_t sc_s0, int64_t sc_s1, int64_t sc_s2, const int* sorted,
                                              int64_t sorted_s0, const float* topk_weights, int64_t tw_s0,
                                              int64_t tw_s1, void* out, int out_dt, int64_t out_s0, int64_t out_s1,
-                                             int pairs, int top_k, int block_m, int k, int n, float beta,
-                                             float linear_beta, int mxfp8, k3::ErrorRecord* err) {
+                                             int pairs, int top_k, int block_m, int n0, int k_begin, int k_end,
+                                             int n, float beta, float linear_beta, int mxfp8, float* partial,
+                                             k3::ErrorRecord* err) {
   using namespace k3::mma;
   static_assert(S::M == 16, "row groups of 16 are fragment rows");
   // The 4 warps tile the kRM x kMoeBN chunk: 2x2 of 32x32 at 64 rows, 1x4 of 16x16 at 16 rows,
@@ -353,7 +368,6 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   float* row_w = sh.row_w;
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int blk = static_cast<int>(k3::block_idx_x());
-  const int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN;
 
   const int warp = static_cast<int>(k3::warp_id());
   const int wm = (warp / kWarpsN) * (kRM / kWarpsM);
@@ -367,7 +381,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   const uint8_t* w_mx = static_cast<const uint8_t*>(weight) + e * w_s0;
   const uint8_t* sc_e = scale != nullptr ? scale + e * sc_s0 : nullptr;
   const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
-  const int steps = (k + kMmaBK - 1) / kMmaBK;
+  const int steps = (k_end - k_begin + kMmaBK - 1) / kMmaBK;
 
   for (int m0 = 0; m0 < block_m; m0 += kRM) {
     if (tid < kRM) {
@@ -436,13 +450,13 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       }
       k3::sync_threads();
       if (s < steps) {
-        const int k0 = s * kMmaBK;
+        const int k0 = k_begin + s * kMmaBK;
         MOE_UNROLL
         for (int i = 0; i < kAChunks; ++i) {
           const int q = tid + i * kMmaThreads;
           const int in_row = q < kATotal ? row_in[q / kBf16ChunksPerRow] : -1;
           const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
-          a_reg[i] = in_row >= 0 && kc < k ? k3::load_16b(in_bf16 + in_row * in_s0 + kc) : zero16;
+          a_reg[i] = in_row >= 0 && kc < k_end ? k3::load_16b(in_bf16 + in_row * in_s0 + kc) : zero16;
         }
         if (scale != nullptr) {
           MOE_UNROLL
@@ -453,7 +467,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
             const int kc = k0 + (q % kMxChunksPerRow) * kMxChunkK;
             w_reg[i] = zero16;
             s_reg[i] = 0u;
-            if (q < kWRows * kMxChunksPerRow && j < n && kc < k) {
+            if (q < kWRows * kMxChunksPerRow && j < n && kc < k_end) {
               const int64_t row = lr < kMoeBN ? j : n + j;
               w_reg[i] = k3::load_16b(w_mx + row * w_s1 + kc / 2);
               s_reg[i] = sc_e[row * sc_s1 + (kc / kMxChunkK) * sc_s2];
@@ -467,7 +481,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
             const int j = n0 + lr % kMoeBN;
             const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
             w_reg[i] = zero16;
-            if (q < kWRows * kBf16ChunksPerRow && j < n && kc < k) {
+            if (q < kWRows * kBf16ChunksPerRow && j < n && kc < k_end) {
               const int64_t row = lr < kMoeBN ? j : n + j;
               w_reg[i] = k3::load_16b(w_bf16 + row * w_s1 + kc);
             }
@@ -475,8 +489,8 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
         }
       }
       if (s > 0) {
-        const int k0 = (s - 1) * kMmaBK;
-        const int kn = k - k0 < kMmaBK ? k - k0 : kMmaBK;
+        const int k0 = k_begin + (s - 1) * kMmaBK;
+        const int kn = k_end - k0 < kMmaBK ? k_end - k0 : kMmaBK;
         // Ascending k, one fragment step at a time: the same order for dense and MXFP4 weights.
         // Columns past k hold zeros in both tiles.
         for (int kk = 0; kk < kn; kk += S::K) {
@@ -509,6 +523,8 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
     }
 
     // Epilogue from the fragments: the gate and up accumulators of a slot share (row, col).
+    // Split over k: the raw accumulators go to this split's partial rows (gate at col, up at
+    // n + col), and moe_gemm_splitk_reduce sums the splits in order and applies the epilogue.
     MOE_UNROLL
     for (int i = 0; i < kFragsM; ++i) {
       if (!row_live[i]) continue;
@@ -521,6 +537,12 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
           const int p = row_pair[wm + i * S::M + rc.row];
           const int col = n0 + wn + j * S::N + rc.col;
           if (p < 0 || col >= n) continue;
+          if constexpr (kSplit) {
+            float* dst = partial + static_cast<int64_t>(p) * (kGateUp ? 2 * n : n) + col;
+            dst[0] = acc_g[i][j].x[s];
+            if constexpr (kGateUp) dst[n] = acc_u[i][j].x[s];
+            continue;
+          }
           float v;
           if constexpr (kGateUp) {
             v = k3::situ_glu_f32(acc_g[i][j].x[s], acc_u[i][j].x[s], beta, linear_beta);
@@ -539,8 +561,10 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
 
 namespace {
 
-// The MMA kernels' body: the stage picks the block instance (gate/up or down).
-template <int kRM>
+// The MMA kernels' body: the stage picks the block instance (gate/up or down). grid.y runs over
+// (k split, column tile): split z covers k in [z * k_chunk, min(k, (z + 1) * k_chunk)), k_chunk a
+// multiple of kMmaBK; with more than one split `partial` is the workspace of raw accumulators.
+template <int kRM, bool kSplit>
 MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, const void* weight, int64_t w_s0,
                                               int64_t w_s1, const uint8_t* scale, int64_t sc_s0, int64_t sc_s1,
                                               int64_t sc_s2, const int* sorted, int64_t sorted_s0,
@@ -548,22 +572,35 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
                                               const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out,
                                               int out_dt, int64_t out_s0, int64_t out_s1, int pairs, int top_k,
                                               int experts, int block_m, int k, int n, int max_padded, int gate_up,
-                                              float beta, float linear_beta, int mxfp8, k3::ErrorRecord* err) {
+                                              float beta, float linear_beta, int mxfp8, int k_chunk, float* partial,
+                                              k3::ErrorRecord* err) {
   K3_SHARED(MoeMmaShared, sh_block, [1]);
   MoeMmaShared& sh = sh_block[0];
   const int blk = static_cast<int>(k3::block_idx_x());
   const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
   if (e < 0) return;
-  if (gate_up) {
-    moe_gemm_mma_block<k3::mma::Bf16Shape, true, kRM>(sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1,
-                                                      sc_s2, sorted, sorted_s0, topk_weights, tw_s0, tw_s1, out,
-                                                      out_dt, out_s0, out_s1, pairs, top_k, block_m, k, n, beta,
-                                                      linear_beta, mxfp8, err);
+  int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN, k_begin = 0, k_end = k;
+  float* part = nullptr;
+  if constexpr (kSplit) {
+    const int tiles = (n + kMoeBN - 1) / kMoeBN;
+    const int split = static_cast<int>(k3::block_idx_y()) / tiles;
+    n0 = (static_cast<int>(k3::block_idx_y()) % tiles) * kMoeBN;
+    k_begin = split * k_chunk;
+    k_end = k - k_begin < k_chunk ? k : k_begin + k_chunk;
+    part = partial + static_cast<int64_t>(split) * pairs * (gate_up ? 2 * n : n);
   } else {
-    moe_gemm_mma_block<k3::mma::Bf16Shape, false, kRM>(sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1,
+    (void)k_chunk, (void)partial;
+  }
+  if (gate_up) {
+    moe_gemm_mma_block<k3::mma::Bf16Shape, true, kRM, kSplit>(sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1,
+                                                      sc_s2, sorted, sorted_s0, topk_weights, tw_s0, tw_s1, out,
+                                                      out_dt, out_s0, out_s1, pairs, top_k, block_m, n0, k_begin,
+                                                      k_end, n, beta, linear_beta, mxfp8, part, err);
+  } else {
+    moe_gemm_mma_block<k3::mma::Bf16Shape, false, kRM, kSplit>(sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1,
                                                        sc_s2, sorted, sorted_s0, topk_weights, tw_s0, tw_s1, out,
-                                                       out_dt, out_s0, out_s1, pairs, top_k, block_m, k, n, beta,
-                                                       linear_beta, mxfp8, err);
+                                                       out_dt, out_s0, out_s1, pairs, top_k, block_m, n0, k_begin,
+                                                       k_end, n, beta, linear_beta, mxfp8, part, err);
   }
 }
 
@@ -580,12 +617,13 @@ K3_KERNEL MOE_MMA_BOUNDS void moe_gemm_grouped_mma(const void* input, int in_dt,
                                                    const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out,
                                                    int out_dt, int64_t out_s0, int64_t out_s1, int pairs, int top_k,
                                                    int experts, int block_m, int k, int n, int max_padded, int gate_up,
-                                                   float beta, float linear_beta, int mxfp8, k3::ErrorRecord* err) {
+                                                   float beta, float linear_beta, int mxfp8, int k_chunk,
+                                                   float* partial, k3::ErrorRecord* err) {
   (void)in_dt, (void)w_dt, (void)in_s1, (void)w_s2;
-  moe_gemm_mma_kernel<kMmaRM>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0,
+  moe_gemm_mma_kernel<kMmaRM, false>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0,
                               expert_ids, eid_s0, num_post_padded, topk_weights, tw_s0, tw_s1, out, out_dt, out_s0,
                               out_s1, pairs, top_k, experts, block_m, k, n, max_padded, gate_up, beta, linear_beta,
-                              mxfp8, err);
+                              mxfp8, k_chunk, partial, err);
 }
 K3_EXPORT(moe_gemm_grouped_mma);
 
@@ -601,14 +639,65 @@ K3_KERNEL MOE_MMA_BOUNDS void moe_gemm_grouped_m16_mma(const void* input, int in
                                                        int64_t out_s0, int64_t out_s1, int pairs, int top_k,
                                                        int experts, int block_m, int k, int n, int max_padded,
                                                        int gate_up, float beta, float linear_beta, int mxfp8,
-                                                       k3::ErrorRecord* err) {
+                                                       int k_chunk, float* partial, k3::ErrorRecord* err) {
   (void)in_dt, (void)w_dt, (void)in_s1, (void)w_s2;
-  moe_gemm_mma_kernel<kMmaSmallRM>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0,
+  moe_gemm_mma_kernel<kMmaSmallRM, false>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0,
                                    expert_ids, eid_s0, num_post_padded, topk_weights, tw_s0, tw_s1, out, out_dt,
                                    out_s0, out_s1, pairs, top_k, experts, block_m, k, n, max_padded, gate_up, beta,
-                                   linear_beta, mxfp8, err);
+                                   linear_beta, mxfp8, k_chunk, partial, err);
 }
 K3_EXPORT(moe_gemm_grouped_m16_mma);
+
+// moe_gemm_grouped_m16_mma split over k (the launcher's choice at decode sizes): grid.y runs
+// over (split, column tile); each block multiplies its k range and writes the raw accumulators
+// to `partial` (moe_gemm_splitk_reduce finishes). Its own instance, so the unsplit kernels carry
+// neither the k range nor the second store path in their registers.
+K3_KERNEL MOE_MMA_SPLIT_BOUNDS void moe_gemm_grouped_m16_splitk_mma(
+    const void* input, int in_dt, int64_t in_s0, int64_t in_s1, const void* weight, int w_dt, int64_t w_s0,
+    int64_t w_s1, int64_t w_s2, const uint8_t* scale, int64_t sc_s0, int64_t sc_s1, int64_t sc_s2, const int* sorted,
+    int64_t sorted_s0, const int* expert_ids, int64_t eid_s0, const int* num_post_padded, const float* topk_weights,
+    int64_t tw_s0, int64_t tw_s1, void* out, int out_dt, int64_t out_s0, int64_t out_s1, int pairs, int top_k,
+    int experts, int block_m, int k, int n, int max_padded, int gate_up, float beta, float linear_beta, int mxfp8,
+    int k_chunk, float* partial, k3::ErrorRecord* err) {
+  (void)in_dt, (void)w_dt, (void)in_s1, (void)w_s2;
+  moe_gemm_mma_kernel<kMmaSmallRM, true>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted,
+                                         sorted_s0, expert_ids, eid_s0, num_post_padded, topk_weights, tw_s0, tw_s1,
+                                         out, out_dt, out_s0, out_s1, pairs, top_k, experts, block_m, k, n,
+                                         max_padded, gate_up, beta, linear_beta, mxfp8, k_chunk, partial, err);
+}
+K3_EXPORT(moe_gemm_grouped_m16_splitk_mma);
+
+// The split-k reduction: for every row of a served M-block (the same walk and checks as the
+// GEMM) and output column, the splits' raw accumulators summed in ascending split order (fixed:
+// the result is deterministic), then the GEMM's epilogue and one rounding. Grid: (M-blocks,
+// column tiles of the block's threads); threads over consecutive columns (coalesced).
+K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const int* sorted, int64_t sorted_s0,
+                                      const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
+                                      const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out,
+                                      int out_dt, int64_t out_s0, int64_t out_s1, int pairs, int top_k,
+                                      int experts, int block_m, int n, int max_padded, int gate_up, float beta,
+                                      float linear_beta, k3::ErrorRecord* err) {
+  const int blk = static_cast<int>(k3::block_idx_x());
+  const int j = static_cast<int>(k3::block_idx_y() * k3::block_dim_x() + k3::thread_idx_x());
+  const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
+  if (e < 0 || j >= n) return;
+  const int64_t width = gate_up ? 2 * static_cast<int64_t>(n) : n;
+  const int64_t split_stride = static_cast<int64_t>(pairs) * width;
+  for (int r = 0; r < block_m; ++r) {
+    const int p = moe_row_pair(sorted, sorted_s0, blk, block_m, r, pairs, err);
+    if (p < 0) continue;
+    const float* src = partial + p * width + j;
+    float g = 0.0f, u = 0.0f;
+    for (int z = 0; z < splits; ++z) {
+      g += src[z * split_stride];
+      if (gate_up) u += src[z * split_stride + n];
+    }
+    const float v = gate_up ? k3::situ_glu_f32(g, u, beta, linear_beta)
+                            : g * topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
+    k3::store_f32(out, out_dt, p * out_s0 + j * out_s1, v);
+  }
+}
+K3_EXPORT(moe_gemm_splitk_reduce);
 
 // out[r, j] = 0 for every row: rows of pairs that no block serves (expert map) must read zero.
 K3_KERNEL void moe_gemm_zero_rows(void* out, int out_dt, int64_t out_s0, int64_t out_s1, int64_t rows, int n) {

@@ -10,6 +10,12 @@
 //! 2^(S-127) is exact in bf16). Otherwise (f32 input or f32 weights, other layouts) `moe_gemm_grouped`, the f32
 //! FMA kernel: the spec decodes operands exactly to f32, so an f32 operand is never rounded to
 //! bf16. Both kernels take the same arguments and use the same tiles and epilogues.
+//!
+//! Split-k ([`split_k`]): when the served M-blocks x column tiles would leave the card idle
+//! (decode, `block_m` <= 16), `moe_gemm_grouped_m16_splitk_mma` runs on a grid of (M-blocks,
+//! k splits x column tiles), each split writing its raw f32 accumulators to the workspace, and
+//! `moe_gemm_splitk_reduce` sums them in ascending split order (deterministic: no atomics) and
+//! applies the epilogue.
 
 use crate::gpu_backend::{arg, blocks_for, dtype_code, to_i32, GpuBackend};
 use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
@@ -24,6 +30,34 @@ const THREADS: u32 = 256;
 const MMA_WARPS: u32 = 4;
 /// Output columns per block (`kMoeBN` in the kernel).
 const TILE_N: usize = 64;
+
+/// k per pipeline step of the MMA kernels (`kMmaBK`): the granule of a k split.
+const STEP_K: usize = 64;
+/// Most k splits of one GEMM.
+const MAX_SPLITS: usize = 16;
+
+/// Split over k of the 16-row MMA kernel (`block_m` <= 16): (splits, k per split, a multiple
+/// of [`STEP_K`]). At decode sizes the served M-blocks x column tiles leave most of the card idle
+/// (K3 TP8 gate_up at batch 1: 16 x 6 = 96 blocks of 56 k steps on 132 SMs); the k range is then
+/// cut so the grid comes as close as it can to one full wave of resident blocks without
+/// exceeding it: `moe_gemm_grouped_m16_splitk_mma` keeps 3 blocks per SM on sm_90a (140
+/// registers) and 2 per CU on CDNA (shared memory), benches/kernel-resources.md. Served M-blocks
+/// are at most min(pairs, M-blocks) (each holds a pair). Depends on the plan and the device
+/// only, so `workspace_size` and `run` agree.
+fn split_k(plan: &MoeGemmPlan, units: usize, warp: u32) -> (usize, usize) {
+    let p = &plan.params;
+    let steps = p.k.div_ceil(STEP_K);
+    if p.routing.block_m > 16 {
+        return (1, steps * STEP_K);
+    }
+    let per_unit = if warp == 64 { 2 } else { 3 };
+    let tiles = p.n.div_ceil(TILE_N);
+    let blocks = plan.pairs.min(plan.num_blocks).max(1).saturating_mul(tiles);
+    let want = units.saturating_mul(per_unit) / blocks;
+    let most = steps.min(MAX_SPLITS).min(65_535 / tiles.max(1)).max(1);
+    let chunk = steps.div_ceil(want.clamp(1, most));
+    (steps.div_ceil(chunk), chunk * STEP_K)
+}
 
 /// Whether the product's operands are all exact in bf16, so the MMA kernel computes the spec's
 /// products exactly (see the module docs).
@@ -58,6 +92,17 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
             return Err(Error::unsupported("params.n", format!("{} needs more than 65535 column tiles", p.n)));
         }
         Ok(())
+    }
+
+    /// The split-k partial sums (f32 raw accumulators, `splits x pairs x rows`) when the plan
+    /// splits; sized whenever the MMA kernels could serve the plan (the input dtype and
+    /// alignment are only known at `run`, which then leaves the workspace unused).
+    fn workspace_size(&self, plan: &MoeGemmPlan) -> usize {
+        let (splits, _) = split_k(plan, self.device_info().compute_units as usize, self.device_info().warp_size);
+        if splits <= 1 {
+            return 0;
+        }
+        splits.saturating_mul(plan.pairs).saturating_mul(plan.weight_rows).saturating_mul(4)
     }
 
     fn run(&self, plan: &MoeGemmPlan, args: MoeGemmArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<()> {
@@ -126,22 +171,67 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         arg(&mut a, beta);
         arg(&mut a, linear_beta);
         arg(&mut a, i32::from(p.activation_quant == Some(MoeActivationQuant::Mxfp8)));
-        self.push_checks(&mut a, stream)?;
-        let grid = (
-            u32::try_from(plan.num_blocks).map_err(|_| Error::unsupported("params.routing", "too many M-blocks"))?,
-            p.n.div_ceil(TILE_N) as u32,
-        );
         // The MMA kernel reads input and weight rows in 16-byte vectors (k a multiple of 8, so
-        // every 8-element chunk is whole); other layouts take the f32 kernel.
+        // every 8-element chunk is whole); other layouts take the f32 kernel (never split).
         let vector_rows = p.k % 8 == 0 && rows_16b(in_ptr, inp) && rows_16b(w_ptr, w);
-        let (name, threads) = if uses_mma(p, inp.dtype, w.dtype) && vector_rows {
+        let mma = uses_mma(p, inp.dtype, w.dtype) && vector_rows;
+        let (splits, k_chunk) = if mma { split_k(plan, self.device_info().compute_units as usize, self.device_info().warp_size) } else { (1, p.k) };
+        let partial = match (splits > 1, ws.as_deref()) {
+            (true, Some(buf)) => self.ptr(buf, &Layout::contiguous(DType::F32, &[0])),
+            (true, None) => return Err(Error::invalid("workspace", "the split-k partial sums need the plan's workspace")),
+            (false, _) => DevicePtr(0),
+        };
+        arg(&mut a, to_i32("params.k", k_chunk)?);
+        arg(&mut a, partial);
+        self.push_checks(&mut a, stream)?;
+        // Served M-blocks come first and each holds a pair, so blocks from index `pairs` on can
+        // hold none: they are not launched (at decode most of the worst-case padding,
+        // e.g. 841 M-blocks for 16 pairs of 896 experts, would otherwise only exit).
+        let m_blocks = plan.num_blocks.min(plan.pairs);
+        let m_blocks = u32::try_from(m_blocks).map_err(|_| Error::unsupported("params.routing", "too many M-blocks"))?;
+        let grid = (m_blocks, (p.n.div_ceil(TILE_N) * splits) as u32);
+        let (name, threads) = if mma {
             // Decode-sized M-blocks take the 16-row tiling, where every warp owns live rows.
-            let name = if r.block_m <= 16 { "moe_gemm_grouped_m16_mma" } else { "moe_gemm_grouped_mma" };
+            let name = match (r.block_m <= 16, splits > 1) {
+                (true, true) => "moe_gemm_grouped_m16_splitk_mma",
+                (true, false) => "moe_gemm_grouped_m16_mma",
+                (false, _) => "moe_gemm_grouped_mma",
+            };
             (name, MMA_WARPS * self.device_info().warp_size)
         } else {
             ("moe_gemm_grouped", THREADS)
         };
-        self.launch(name, LaunchConfig::new(grid, threads, 0), &mut a, stream)
+        self.launch(name, LaunchConfig::new(grid, threads, 0), &mut a, stream)?;
+        if splits <= 1 {
+            return Ok(());
+        }
+
+        // Sum the splits in order and apply the epilogue (moe_gemm_splitk_reduce).
+        let mut c = KernelArgs::new();
+        arg(&mut c, partial);
+        arg(&mut c, splits as i32);
+        arg(&mut c, self.ptr(args.sorted_token_ids.buf, &args.sorted_token_ids.layout));
+        arg(&mut c, args.sorted_token_ids.layout.strides[0] as i64);
+        arg(&mut c, self.ptr(args.expert_ids.buf, &args.expert_ids.layout));
+        arg(&mut c, args.expert_ids.layout.strides[0] as i64);
+        arg(&mut c, self.ptr(args.num_tokens_post_padded.buf, &args.num_tokens_post_padded.layout));
+        self.push_opt(&mut c, args.topk_weights.as_ref().map(TensorRef::parts), 2);
+        arg(&mut c, out_ptr);
+        arg(&mut c, dtype_code(out.dtype));
+        arg(&mut c, out.strides[0] as i64);
+        arg(&mut c, out.strides[1] as i64);
+        arg(&mut c, to_i32("pairs", plan.pairs)?);
+        arg(&mut c, to_i32("params.routing.top_k", r.top_k)?);
+        arg(&mut c, to_i32("params.routing.experts", r.experts)?);
+        arg(&mut c, to_i32("params.routing.block_m", r.block_m)?);
+        arg(&mut c, to_i32("params.n", p.n)?);
+        arg(&mut c, to_i32("max_padded", plan.max_padded)?);
+        arg(&mut c, gate_up);
+        arg(&mut c, beta);
+        arg(&mut c, linear_beta);
+        self.push_checks(&mut c, stream)?;
+        let grid = (m_blocks, p.n.div_ceil(THREADS as usize) as u32);
+        self.launch("moe_gemm_splitk_reduce", LaunchConfig::new(grid, THREADS, 0), &mut c, stream)
     }
 }
 
