@@ -21,6 +21,8 @@
 //                  hardware forms for hot loops: bf16x2 packing, fp8x2 -> f32/f16/bf16 (k3/convert_hw.h)
 //   matrix tiles   k3::mma fragments for bf16 MMA with f32 accumulate (k3/mma.h)
 //   async copies   k3::AsyncCopy: 16-B global -> shared copies in commit/wait groups (k3/async_copy.h)
+//   loops          K3_UNROLL (full unrolling, for loops over register arrays), K3_NO_UNROLL
+//                  (keep a loop rolled where unrolling costs registers)
 //   trap()         device-side assertion failure
 //
 // Rules for kernel sources (so that the emulator can compile each file at both warp sizes into
@@ -83,6 +85,16 @@ typedef short int16_t;
 #else
 #define K3_SITE_PARAMS
 #define K3_SITE_ARGS
+#endif
+
+// Unrolling hints matter on the GPUs only; the host SIMT build has no such pragma (and g++
+// -Wall would warn about it).
+#if K3_TARGET_SIMT
+#define K3_UNROLL
+#define K3_NO_UNROLL
+#else
+#define K3_UNROLL _Pragma("unroll")
+#define K3_NO_UNROLL _Pragma("unroll 1")
 #endif
 
 #if K3_TARGET_CUDA

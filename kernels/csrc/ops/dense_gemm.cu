@@ -55,9 +55,9 @@ K3_DEVICE void dense_gemm_mma_block(const k3::bf16* x, int64_t ldx, const k3::bf
   const int64_t live_rows = m - (m0 + wm);  // rows of this warp's sub-tile inside the matrix
   const int64_t live_cols = n - (n0 + wn);
   FragC<S> acc[kFragsM][kFragsN];
-  DENSE_UNROLL
+  K3_UNROLL
   for (int i = 0; i < kFragsM; ++i) {
-    DENSE_UNROLL
+    K3_UNROLL
     for (int j = 0; j < kFragsN; ++j) fill(acc[i][j], 0.0f);
   }
 
@@ -77,18 +77,18 @@ K3_DEVICE void dense_gemm_mma_block(const k3::bf16* x, int64_t ldx, const k3::bf
       ws[r][c] = (col < n && kk < k) ? w[col * ldw + kk] : zero;
     }
     k3::sync_threads();
-    DENSE_UNROLL
+    K3_UNROLL
     for (int kk = 0; kk < DENSE_GEMM_MMA_BK; kk += S::K) {
       FragA<S> fa[kFragsM];
       FragB<S> fb[kFragsN];
-      DENSE_UNROLL
+      K3_UNROLL
       for (int i = 0; i < kFragsM; ++i) load_a(fa[i], &xs[wm + i * S::M][kk], DENSE_GEMM_MMA_LDS);
       // B[k][n] = W[n][k]: the W tile is B transposed.
-      DENSE_UNROLL
+      K3_UNROLL
       for (int j = 0; j < kFragsN; ++j) load_b_transposed(fb[j], &ws[wn + j * S::N][kk], DENSE_GEMM_MMA_LDS);
-      DENSE_UNROLL
+      K3_UNROLL
       for (int i = 0; i < kFragsM; ++i) {
-        DENSE_UNROLL
+        K3_UNROLL
         for (int j = 0; j < kFragsN; ++j) {
           if (i * S::M < live_rows && j * S::N < live_cols) mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
         }
@@ -97,11 +97,11 @@ K3_DEVICE void dense_gemm_mma_block(const k3::bf16* x, int64_t ldx, const k3::bf
     k3::sync_threads();  // the next stage overwrites the tiles
   }
 
-  DENSE_UNROLL
+  K3_UNROLL
   for (int i = 0; i < kFragsM; ++i) {
-    DENSE_UNROLL
+    K3_UNROLL
     for (int j = 0; j < kFragsN; ++j) {
-      DENSE_UNROLL
+      K3_UNROLL
       for (int s = 0; s < S::kCSlots; ++s) {
         const RC rc = c_coord<S>(s);
         dense_gemm_store(out, out_dt, bias, bias_dt, m, n, m0 + wm + i * S::M + rc.row, n0 + wn + j * S::N + rc.col,
@@ -129,9 +129,9 @@ K3_KERNEL void dense_gemm_f32_fma(const void* x, int x_dt, int64_t ldx, const vo
   const int64_t m0 = static_cast<int64_t>(k3::block_idx_y()) * DENSE_GEMM_BM;
   const int64_t n0 = static_cast<int64_t>(k3::block_idx_x()) * DENSE_GEMM_BN;
   float acc[4][4];
-  DENSE_UNROLL
+  K3_UNROLL
   for (int i = 0; i < 4; ++i) {
-    DENSE_UNROLL
+    K3_UNROLL
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
   }
 
@@ -151,22 +151,22 @@ K3_KERNEL void dense_gemm_f32_fma(const void* x, int x_dt, int64_t ldx, const vo
     k3::sync_threads();
     for (int kk = 0; kk < DENSE_GEMM_F32_BK; ++kk) {
       float a[4], b[4];
-      DENSE_UNROLL
+      K3_UNROLL
       for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty + 16 * i];
-      DENSE_UNROLL
+      K3_UNROLL
       for (int j = 0; j < 4; ++j) b[j] = ws[kk][tx + 16 * j];
-      DENSE_UNROLL
+      K3_UNROLL
       for (int i = 0; i < 4; ++i) {
-        DENSE_UNROLL
+        K3_UNROLL
         for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
       }
     }
     k3::sync_threads();
   }
 
-  DENSE_UNROLL
+  K3_UNROLL
   for (int i = 0; i < 4; ++i) {
-    DENSE_UNROLL
+    K3_UNROLL
     for (int j = 0; j < 4; ++j)
       dense_gemm_store(out, out_dt, bias, bias_dt, m, n, m0 + ty + 16 * i, n0 + tx + 16 * j, acc[i][j]);
   }

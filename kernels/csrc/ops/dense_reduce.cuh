@@ -4,15 +4,6 @@
 
 #include "k3/compat.h"
 
-// Full unrolling of constant-trip loops over register arrays (fragments, accumulators), so they
-// stay in registers on the GPUs; the host SIMT build has no use for it (and g++ -Wall would warn
-// about the pragma).
-#if K3_TARGET_SIMT
-#define DENSE_UNROLL
-#else
-#define DENSE_UNROLL _Pragma("unroll")
-#endif
-
 // Most warps a block can have (1024 threads at warp 32).
 #define DENSE_MAX_WARPS 32
 

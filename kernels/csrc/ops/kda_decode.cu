@@ -125,7 +125,7 @@ KDA_DECODE_INLINE K3_DEVICE KdaDecodeHeadScalars kda_decode_head_inputs(
     // rolled loop: the register window of an unrolled one spilled SGPRs on AMD, and nvcc's
     // unrolling took sm_100a to 64-72 registers instead of 48).
     float acc = 0.0f;
-#pragma unroll 1
+K3_NO_UNROLL
     for (int j = 0; j < hist; ++j) {
       const float hj = kda_decode_load(conv_state, cs_dt, cs + j * cs_s2);
       acc += conv_w[c * cw_s0 + j * cw_s1] * hj;
@@ -229,7 +229,7 @@ K3_KERNEL void kda_decode_generic_step(
   const int f0 = tid % fast, s0 = tid / fast;
   for (int j0 = 0; live_row && j0 < V; j0 += kChunk) {
     // Coalesced load with the decay applied: consecutive threads walk the contiguous dim.
-#pragma unroll 1
+K3_NO_UNROLL
     for (int e = tid, f = f0, sl = s0; e < tile_elems; e += kThreads) {
       const int i = k_fast ? f : sl, c = k_fast ? sl : f;
       if (j0 + c < V) tile[i * kTileStride + c] = alpha[i] * kda_decode_load(state, st_dt, s_base + i * st_k + (j0 + c) * st_v);
@@ -257,7 +257,7 @@ K3_KERNEL void kda_decode_generic_step(
     qs = kda_decode_group_sum(qs);
     if (live && lane_k == 0) o[j] = qs;
     k3::sync_threads();
-#pragma unroll 1
+K3_NO_UNROLL
     for (int e = tid, f = f0, sl = s0; e < tile_elems; e += kThreads) {
       const int i = k_fast ? f : sl, c = k_fast ? sl : f;
       if (j0 + c < V) kda_decode_store(state, st_dt, s_base + i * st_k + (j0 + c) * st_v, tile[i * kTileStride + c]);

@@ -97,14 +97,14 @@ K3_DEVICE void reduce_scatter(float (&v)[kRowsPerWarp][kTile]) {
   const int lane = static_cast<int>(k3::lane_id());
   // Halving steps (log2 kTile) with constant trip counts, so that every loop unrolls and v
   // stays in registers (a loop over h /= 2 was left rolled by nvcc, indexing v dynamically).
-  MLA_UNROLL
+  K3_UNROLL
   for (int step = 0; step < kLogTile; ++step) {
     const int h = kTile >> (step + 1);
     const int offset = k3::kWarpSize >> (step + 1);
     const bool upper = (lane & offset) != 0;
-    MLA_UNROLL
+    K3_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
-      MLA_UNROLL
+      K3_UNROLL
       for (int k = 0; k < kTile / 2; ++k) {  // constant trip count: unrolled before the step loop
         if (k >= h) break;
         const float a0 = v[rr][k], a1 = v[rr][k + h], b0 = v[rr + 1][k], b1 = v[rr + 1][k + h];
@@ -114,9 +114,9 @@ K3_DEVICE void reduce_scatter(float (&v)[kRowsPerWarp][kTile]) {
       }
     }
   }
-  MLA_UNROLL
+  K3_UNROLL
   for (int offset = k3::kWarpSize >> (kLogTile + 1); offset >= 1; offset /= 2) {
-    MLA_UNROLL
+    K3_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
       const F2 got = shfl_xor2(v[rr][0], v[rr + 1][0], offset);
       v[rr][0] += got.a;
@@ -127,9 +127,9 @@ K3_DEVICE void reduce_scatter(float (&v)[kRowsPerWarp][kTile]) {
 
 // Warp-wide max (ignoring NaN) or sum of x[rr] for every row, in place.
 K3_DEVICE void warp_max_rows(float (&x)[kRowsPerWarp]) {
-  MLA_UNROLL
+  K3_UNROLL
   for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) {
-    MLA_UNROLL
+    K3_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
       const F2 got = shfl_xor2(x[rr], x[rr + 1], o);
       x[rr] = k3::max_f32(x[rr], got.a);
@@ -138,9 +138,9 @@ K3_DEVICE void warp_max_rows(float (&x)[kRowsPerWarp]) {
   }
 }
 K3_DEVICE void warp_sum_rows(float (&x)[kRowsPerWarp]) {
-  MLA_UNROLL
+  K3_UNROLL
   for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) {
-    MLA_UNROLL
+    K3_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; rr += 2) {
       const F2 got = shfl_xor2(x[rr], x[rr + 1], o);
       x[rr] += got.a;
@@ -174,7 +174,7 @@ MLA_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, 
   float m[kRowsPerWarp], l[kRowsPerWarp];
   int limit[kRowsPerWarp];
   bool valid[kRowsPerWarp];
-  MLA_UNROLL
+  K3_UNROLL
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int rho = r.rho0 + warp + rr * kWarps;
     valid[rr] = rho < total_rows;
@@ -184,9 +184,9 @@ MLA_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, 
     limit[rr] = !valid[rr] ? 0 : (lim < r.kv_end ? lim : r.kv_end);
     m[rr] = neg_inf;
     l[rr] = 0.0f;
-    MLA_UNROLL
+    K3_UNROLL
     for (int j = 0; j < kAccRegs; ++j) acc[rr][j] = 0.0f;
-    MLA_UNROLL
+    K3_UNROLL
     for (int j = 0; j < kQRegs; ++j) {
       const int d = lane + j * k3::kWarpSize;
       qr[rr][j] = valid[rr] && d < width ? k3::load_f32(q.q, q.dt, q.off + i * q.st + (r.head0 + k) * q.sh + d) : 0.0f;
@@ -202,20 +202,20 @@ MLA_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, 
     k3::sync_threads();
     // QK^T: lane-partial dots of every row with every token, then the reduce-scatter.
     float part[kRowsPerWarp][kTile];
-    MLA_UNROLL
+    K3_UNROLL
     for (int t = 0; t < kTile; ++t) {
       const uint16_t* kr = raw + t * pitch;
       const float* mt = mult + t * kMultSlots;
       float kv[kQRegs];
-      MLA_UNROLL
+      K3_UNROLL
       for (int j = 0; j < kQRegs; ++j) {
         const int d = lane + j * k3::kWarpSize;
         kv[j] = d < width ? k3::bf16_to_f32(k3::bf16{kr[d]}) * mt[value_slot(d, c.latent)] : 0.0f;
       }
-      MLA_UNROLL
+      K3_UNROLL
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
         float s = 0.0f;
-        MLA_UNROLL
+        K3_UNROLL
         for (int j = 0; j < kQRegs; ++j) s += qr[rr][j] * kv[j];
         part[rr][t] = s;
       }
@@ -223,14 +223,14 @@ MLA_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, 
     reduce_scatter(part);
     // Online softmax; lane `tok` holds this tile's score of token s0 + tok for every row.
     float score[kRowsPerWarp], m_new[kRowsPerWarp], p[kRowsPerWarp];
-    MLA_UNROLL
+    K3_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       score[rr] = tok < n && s0 + tok < limit[rr] ? part[rr][0] * score_scale : neg_inf;
       m_new[rr] = score[rr];
     }
     warp_max_rows(m_new);
     float alpha[kRowsPerWarp];
-    MLA_UNROLL
+    K3_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       m_new[rr] = k3::max_f32(m[rr], m_new[rr]);
       const bool live = m_new[rr] != neg_inf;  // some key of this row is visible so far
@@ -239,28 +239,28 @@ MLA_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, 
       if (owner) pbuf[(warp + rr * kWarps) * kTile + tok] = p[rr];
     }
     warp_sum_rows(p);
-    MLA_UNROLL
+    K3_UNROLL
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       l[rr] = l[rr] * alpha[rr] + p[rr];
       m[rr] = m_new[rr];
     }
     k3::sync_warp();  // the warp's probability rows are written
     // PV: lane-owned latent dims of every row.
-    MLA_UNROLL
+    K3_UNROLL
     for (int j = 0; j < kAccRegs; ++j) {
       const int d = lane + j * k3::kWarpSize;
       if (d >= c.latent) break;
-      MLA_UNROLL
+      K3_UNROLL
       for (int rr = 0; rr < kRowsPerWarp; ++rr) acc[rr][j] *= alpha[rr];
       for (int t = 0; t < n; ++t) {
         const float v = k3::bf16_to_f32(k3::bf16{raw[t * pitch + d]}) * mult[t * kMultSlots + value_slot(d, c.latent)];
-        MLA_UNROLL
+        K3_UNROLL
         for (int rr = 0; rr < kRowsPerWarp; ++rr) acc[rr][j] += pbuf[(warp + rr * kWarps) * kTile + t] * v;
       }
     }
   }
 
-  MLA_UNROLL
+  K3_UNROLL
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     if (!valid[rr]) continue;
     const int rho = r.rho0 + warp + rr * kWarps;
@@ -268,7 +268,7 @@ MLA_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, 
     const bool any = l[rr] > 0.0f;
     const float inv = any ? out_scale / l[rr] : 0.0f;
     const int64_t base = dst.off + i * dst.st + (dst.head_base + k) * dst.sh;
-    MLA_UNROLL
+    K3_UNROLL
     for (int j = 0; j < kAccRegs; ++j) {
       const int d = lane + j * k3::kWarpSize;
       if (d < c.latent) k3::store_f32(dst.out, dst.out_dt, base + d, acc[rr][j] * inv);

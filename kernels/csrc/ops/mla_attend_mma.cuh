@@ -103,10 +103,10 @@ MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows&
     }
     k3::sync_threads();
   }
-  MLA_UNROLL
+  K3_UNROLL
   for (int i = 0; i < kQSteps; ++i) {
     const int ks = warp + i * kWarps;
-    MLA_UNROLL
+    K3_UNROLL
     for (int s = 0; s < Shape::kASlots; ++s) {
       const k3::layout::RC rc = k3::mma::a_coord<Shape>(s);
       const int rho = r.rho0 + rc.row;
@@ -131,7 +131,7 @@ MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows&
   float m = neg_inf, l = 0.0f;
 
   k3::mma::FragC<Shape> oacc[kPvTiles];
-  MLA_UNROLL
+  K3_UNROLL
   for (int u = 0; u < kPvTiles; ++u) k3::mma::fill(oacc[u], 0.0f);
 
   for (int s0 = r.kv_start; s0 < kv_hi; s0 += kMmaTile) {
@@ -141,11 +141,11 @@ MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows&
     k3::sync_threads();
 
     // S partials of this warp's k-steps.
-    MLA_UNROLL
+    K3_UNROLL
     for (int nt = 0; nt < kSTiles; ++nt) {
       k3::mma::FragC<Shape> sacc;
       k3::mma::fill(sacc, 0.0f);
-      MLA_UNROLL
+      K3_UNROLL
       for (int i = 0; i < kQSteps; ++i) {
         const int ks = warp + i * kWarps;
         if (ks >= nks) continue;  // warp-uniform
@@ -156,7 +156,7 @@ MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows&
           k3::mma::fill(t, 0.0f);
           k3::mma::mma_sync(t, qa[i], kb, t);
           const int slot = mult_slot(ks * 16, lp);
-          MLA_UNROLL
+          K3_UNROLL
           for (int e = 0; e < Shape::kCSlots; ++e) {
             const k3::layout::RC rc = k3::mma::c_coord<Shape>(e);
             sacc.x[e] += t.x[e] * sm.mult[(nt * Shape::N + rc.col) * kMultSlots + slot];
@@ -188,13 +188,13 @@ MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows&
     k3::sync_threads();
 
     // PV into this warp's output n-tiles.
-    MLA_UNROLL
+    K3_UNROLL
     for (int u = 0; u < kPvTiles; ++u) {
       const int col0 = (warp + u * kWarps) * Shape::N;
       if (col0 >= c.latent) continue;  // warp-uniform
       const int slot = mult_slot(col0, lp);
       k3::mma::FragA<Shape> hi, lo;
-      MLA_UNROLL
+      K3_UNROLL
       for (int e = 0; e < Shape::kASlots; ++e) {
         const k3::layout::RC rc = k3::mma::a_coord<Shape>(e);
         float pv = sm.p[rc.row * kMmaTile + rc.col];
@@ -203,7 +203,7 @@ MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows&
         hi.x[e] = h.bits;
         lo.x[e] = k3::f32_to_bf16(pv - k3::bf16_to_f32(h)).bits;
       }
-      MLA_UNROLL
+      K3_UNROLL
       for (int e = 0; e < Shape::kCSlots; ++e) oacc[u].x[e] *= sm.alpha[k3::mma::c_coord<Shape>(e).row];
       k3::mma::FragB<Shape> vb;
       k3::mma::load_b(vb, reinterpret_cast<const k3::bf16*>(sm.raw + col0), pitch);
@@ -217,11 +217,11 @@ MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows&
     dst.lse[dst.loff + qi * dst.lst + (dst.head_base + rho % r.gh) * dst.lsh] = l > 0.0f ? m + k3::log_f32(l) : neg_inf;
   }
   k3::sync_threads();
-  MLA_UNROLL
+  K3_UNROLL
   for (int u = 0; u < kPvTiles; ++u) {
     const int col0 = (warp + u * kWarps) * Shape::N;
     if (col0 >= c.latent) continue;
-    MLA_UNROLL
+    K3_UNROLL
     for (int e = 0; e < Shape::kCSlots; ++e) {
       const k3::layout::RC rc = k3::mma::c_coord<Shape>(e);
       const int orho = r.rho0 + rc.row;

@@ -3,14 +3,6 @@
 #ifndef K3_OPS_MLA_COMMON_CUH
 #define K3_OPS_MLA_COMMON_CUH
 
-// Full unrolling of loops over register arrays (so that they stay in registers on GPUs); the
-// host SIMT build has no such pragma.
-#if K3_TARGET_SIMT
-#define MLA_UNROLL
-#else
-#define MLA_UNROLL _Pragma("unroll")
-#endif
-
 // Most threads per block a kernel is launched with, so that the compiler may use the register
 // file of a 256-thread block (HIP otherwise assumes 1024 threads and spills to scratch). The
 // dialect has no spelling for it yet.

@@ -392,7 +392,7 @@ K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int*
       const float* src = part_out + p * slot_out;
       if (vec) {
         const k3::f32x4 v = k3::load_f32x4(src);
-        MLA_UNROLL
+        K3_UNROLL
         for (int j = 0; j < 4; ++j) acc[j] += w * v.v[j];
       } else {
         for (int j = 0; j < 4 && d0 + j < latent; ++j) acc[j] += w * src[j];

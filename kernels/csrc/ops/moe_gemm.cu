@@ -251,14 +251,11 @@ K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int
 }
 K3_EXPORT(moe_gemm_grouped);
 
-// Full unrolling of the constant-trip loops over fragments and chunks, so they stay in registers
-// on the GPUs, and one inlined body (an out-of-line call on AMD goes through a scratch stack).
-// The host SIMT build has no use for either.
+// One inlined body on the GPUs (an out-of-line call on AMD goes through a scratch stack); the
+// host SIMT build has no use for it.
 #if K3_TARGET_SIMT
-#define MOE_UNROLL
 #define MOE_INLINE
 #else
-#define MOE_UNROLL _Pragma("unroll")
 #define MOE_INLINE __attribute__((always_inline))
 #endif
 // The MMA kernel's block size (4 warps), so AMD may give it the whole register file (the default
@@ -299,13 +296,13 @@ static_assert(kMmaThreads % kBf16ChunksPerRow == 0, "every thread stages whole a
 // warp must call it.
 MOE_INLINE K3_DEVICE k3::u32x4 moe_mxfp8_chunk(k3::u32x4 x) {
   float f[8];
-  MOE_UNROLL
+  K3_UNROLL
   for (int h = 0; h < 4; ++h) {
     f[2 * h] = k3::uint_as_float(x.v[h] << 16);
     f[2 * h + 1] = k3::uint_as_float(x.v[h] & 0xffff0000u);
   }
   float amax = 0.0f, bad = 0.0f;
-  MOE_UNROLL
+  K3_UNROLL
   for (int i = 0; i < 8; ++i) {
     const float a = k3::abs_f32(f[i]);
     amax = a > amax ? a : amax;
@@ -313,7 +310,7 @@ MOE_INLINE K3_DEVICE k3::u32x4 moe_mxfp8_chunk(k3::u32x4 x) {
   }
   amax = moe_block_max(amax, bad, 4);
   k3::u32x4 o;
-  MOE_UNROLL
+  K3_UNROLL
   for (int h = 0; h < 4; ++h) {
     o.v[h] = k3::pack_bf16x2_rn(moe_mxfp8_apply(f[2 * h], amax, bad), moe_mxfp8_apply(f[2 * h + 1], amax, bad));
   }
@@ -374,7 +371,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   const int wn = (warp % kWarpsN) * (kMoeBN / kWarpsN);
   // Column fragments wholly past n are skipped (warp-uniform, like the row fragments below).
   bool col_live[kFragsN];
-  MOE_UNROLL
+  K3_UNROLL
   for (int j = 0; j < kFragsN; ++j) col_live[j] = n0 + wn + j * S::N < n;
   const k3::bf16* in_bf16 = static_cast<const k3::bf16*>(input);
   const k3::bf16* w_bf16 = static_cast<const k3::bf16*>(weight) + e * w_s0;
@@ -400,14 +397,14 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       continue;
     }
     bool row_live[kFragsM];
-    MOE_UNROLL
+    K3_UNROLL
     for (int i = 0; i < kFragsM; ++i) row_live[i] = ((live_groups >> ((wm + i * S::M) / 16)) & 1u) != 0;
 
     FragC<S> acc_g[kFragsM][kFragsN];
     FragC<S> acc_u[kGateUp ? kFragsM : 1][kGateUp ? kFragsN : 1];
-    MOE_UNROLL
+    K3_UNROLL
     for (int i = 0; i < kFragsM; ++i) {
-      MOE_UNROLL
+      K3_UNROLL
       for (int j = 0; j < kFragsN; ++j) {
         fill(acc_g[i][j], 0.0f);
         if constexpr (kGateUp) fill(acc_u[i][j], 0.0f);
@@ -422,7 +419,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
     uint32_t s_reg[kXChunks];
     for (int s = 0; s <= steps; ++s) {
       if (s > 0) {
-        MOE_UNROLL
+        K3_UNROLL
         for (int i = 0; i < kAChunks; ++i) {
           const int q = tid + i * kMmaThreads;
           const k3::u32x4 v = mxfp8 ? moe_mxfp8_chunk(a_reg[i]) : a_reg[i];  // the 4 lanes of an MX block
@@ -430,17 +427,17 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
           k3::store_16b(&a_tile[q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk], v);
         }
         if (scale != nullptr) {
-          MOE_UNROLL
+          K3_UNROLL
           for (int i = 0; i < kXChunks; ++i) {
             const int q = tid + i * kMmaThreads;
             if (q >= kWRows * kMxChunksPerRow) break;
             const float sf = moe::e8m0_f32(s_reg[i]);
             k3::bf16* dst = &w_tile[q / kMxChunksPerRow][(q % kMxChunksPerRow) * kMxChunkK];
-            MOE_UNROLL
+            K3_UNROLL
             for (int h = 0; h < 4; ++h) k3::store_16b(dst + h * kBf16Chunk, moe::mxfp4_word_to_bf16(w_reg[i].v[h], sf));
           }
         } else {
-          MOE_UNROLL
+          K3_UNROLL
           for (int i = 0; i < kWChunks; ++i) {
             const int q = tid + i * kMmaThreads;
             if (q >= kWRows * kBf16ChunksPerRow) break;
@@ -451,7 +448,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       k3::sync_threads();
       if (s < steps) {
         const int k0 = k_begin + s * kMmaBK;
-        MOE_UNROLL
+        K3_UNROLL
         for (int i = 0; i < kAChunks; ++i) {
           const int q = tid + i * kMmaThreads;
           const int in_row = q < kATotal ? row_in[q / kBf16ChunksPerRow] : -1;
@@ -459,7 +456,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
           a_reg[i] = in_row >= 0 && kc < k_end ? k3::load_16b(in_bf16 + in_row * in_s0 + kc) : zero16;
         }
         if (scale != nullptr) {
-          MOE_UNROLL
+          K3_UNROLL
           for (int i = 0; i < kXChunks; ++i) {
             const int q = tid + i * kMmaThreads;
             const int lr = q / kMxChunksPerRow;
@@ -474,7 +471,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
             }
           }
         } else {
-          MOE_UNROLL
+          K3_UNROLL
           for (int i = 0; i < kWChunks; ++i) {
             const int q = tid + i * kMmaThreads;
             const int lr = q / kBf16ChunksPerRow;
@@ -495,23 +492,23 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
         // Columns past k hold zeros in both tiles.
         for (int kk = 0; kk < kn; kk += S::K) {
           FragA<S> fa[kFragsM];
-          MOE_UNROLL
+          K3_UNROLL
           for (int i = 0; i < kFragsM; ++i) {
             if (row_live[i]) load_a(fa[i], &a_tile[wm + i * S::M][kk], kMmaLds);
           }
-          MOE_UNROLL
+          K3_UNROLL
           for (int j = 0; j < kFragsN; ++j) {
             if (!col_live[j]) continue;
             // B[k][n] = W[n][k]: the weight tile is B transposed.
             FragB<S> fb;
             load_b_transposed(fb, &w_tile[wn + j * S::N][kk], kMmaLds);
-            MOE_UNROLL
+            K3_UNROLL
             for (int i = 0; i < kFragsM; ++i) {
               if (row_live[i]) mma_sync(acc_g[i][j], fa[i], fb, acc_g[i][j]);
             }
             if constexpr (kGateUp) {
               load_b_transposed(fb, &w_tile[kMoeBN + wn + j * S::N][kk], kMmaLds);
-              MOE_UNROLL
+              K3_UNROLL
               for (int i = 0; i < kFragsM; ++i) {
                 if (row_live[i]) mma_sync(acc_u[i][j], fa[i], fb, acc_u[i][j]);
               }
@@ -525,13 +522,13 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
     // Epilogue from the fragments: the gate and up accumulators of a slot share (row, col).
     // Split over k: the raw accumulators go to this split's partial rows (gate at col, up at
     // n + col), and moe_gemm_splitk_reduce sums the splits in order and applies the epilogue.
-    MOE_UNROLL
+    K3_UNROLL
     for (int i = 0; i < kFragsM; ++i) {
       if (!row_live[i]) continue;
-      MOE_UNROLL
+      K3_UNROLL
       for (int j = 0; j < kFragsN; ++j) {
         if (!col_live[j]) continue;
-        MOE_UNROLL
+        K3_UNROLL
         for (int s = 0; s < S::kCSlots; ++s) {
           const RC rc = c_coord<S>(s);
           const int p = row_pair[wm + i * S::M + rc.row];

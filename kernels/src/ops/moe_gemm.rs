@@ -72,6 +72,30 @@ fn rows_16b(ptr: DevicePtr, t: &Layout) -> bool {
     ptr.0 % 16 == 0 && inner == 1 && outer.iter().all(|&s| (s * bytes) % 16 == 0)
 }
 
+impl<R: Runtime> GpuBackend<R> {
+    /// The routing metadata and output arguments that the grouped GEMM and its split-k reduce
+    /// take in the same order (moe_gemm.cu: sorted pairs, expert ids, padded count, router
+    /// weights, output, then pairs / top_k / experts / block_m).
+    fn push_routing_out(&self, a: &mut KernelArgs, plan: &MoeGemmPlan, args: &MoeGemmArgs<'_, Self>, out_ptr: DevicePtr) -> Result<()> {
+        let (r, out) = (&plan.params.routing, &args.out.layout);
+        arg(a, self.ptr(args.sorted_token_ids.buf, &args.sorted_token_ids.layout));
+        arg(a, args.sorted_token_ids.layout.strides[0] as i64);
+        arg(a, self.ptr(args.expert_ids.buf, &args.expert_ids.layout));
+        arg(a, args.expert_ids.layout.strides[0] as i64);
+        arg(a, self.ptr(args.num_tokens_post_padded.buf, &args.num_tokens_post_padded.layout));
+        self.push_opt(a, args.topk_weights.as_ref().map(TensorRef::parts), 2);
+        arg(a, out_ptr);
+        arg(a, dtype_code(out.dtype));
+        arg(a, out.strides[0] as i64);
+        arg(a, out.strides[1] as i64);
+        arg(a, to_i32("pairs", plan.pairs)?);
+        arg(a, to_i32("params.routing.top_k", r.top_k)?);
+        arg(a, to_i32("params.routing.experts", r.experts)?);
+        arg(a, to_i32("params.routing.block_m", r.block_m)?);
+        Ok(())
+    }
+}
+
 impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
     fn supports(&self, p: &MoeGemmParams) -> Result<()> {
         let r = &p.routing;
@@ -146,20 +170,7 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
             (MoeWeightFormat::Dense, _) => None,
         };
         self.push_opt(&mut a, scale, 3);
-        arg(&mut a, self.ptr(args.sorted_token_ids.buf, &args.sorted_token_ids.layout));
-        arg(&mut a, args.sorted_token_ids.layout.strides[0] as i64);
-        arg(&mut a, self.ptr(args.expert_ids.buf, &args.expert_ids.layout));
-        arg(&mut a, args.expert_ids.layout.strides[0] as i64);
-        arg(&mut a, self.ptr(args.num_tokens_post_padded.buf, &args.num_tokens_post_padded.layout));
-        self.push_opt(&mut a, args.topk_weights.as_ref().map(TensorRef::parts), 2);
-        arg(&mut a, out_ptr);
-        arg(&mut a, dtype_code(out.dtype));
-        arg(&mut a, out.strides[0] as i64);
-        arg(&mut a, out.strides[1] as i64);
-        arg(&mut a, to_i32("pairs", plan.pairs)?);
-        arg(&mut a, to_i32("params.routing.top_k", r.top_k)?);
-        arg(&mut a, to_i32("params.routing.experts", r.experts)?);
-        arg(&mut a, to_i32("params.routing.block_m", r.block_m)?);
+        self.push_routing_out(&mut a, plan, &args, out_ptr)?;
         arg(&mut a, to_i32("params.k", p.k)?);
         arg(&mut a, to_i32("params.n", p.n)?);
         arg(&mut a, to_i32("max_padded", plan.max_padded)?);
@@ -210,20 +221,7 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         let mut c = KernelArgs::new();
         arg(&mut c, partial);
         arg(&mut c, splits as i32);
-        arg(&mut c, self.ptr(args.sorted_token_ids.buf, &args.sorted_token_ids.layout));
-        arg(&mut c, args.sorted_token_ids.layout.strides[0] as i64);
-        arg(&mut c, self.ptr(args.expert_ids.buf, &args.expert_ids.layout));
-        arg(&mut c, args.expert_ids.layout.strides[0] as i64);
-        arg(&mut c, self.ptr(args.num_tokens_post_padded.buf, &args.num_tokens_post_padded.layout));
-        self.push_opt(&mut c, args.topk_weights.as_ref().map(TensorRef::parts), 2);
-        arg(&mut c, out_ptr);
-        arg(&mut c, dtype_code(out.dtype));
-        arg(&mut c, out.strides[0] as i64);
-        arg(&mut c, out.strides[1] as i64);
-        arg(&mut c, to_i32("pairs", plan.pairs)?);
-        arg(&mut c, to_i32("params.routing.top_k", r.top_k)?);
-        arg(&mut c, to_i32("params.routing.experts", r.experts)?);
-        arg(&mut c, to_i32("params.routing.block_m", r.block_m)?);
+        self.push_routing_out(&mut c, plan, &args, out_ptr)?;
         arg(&mut c, to_i32("params.n", p.n)?);
         arg(&mut c, to_i32("max_padded", plan.max_padded)?);
         arg(&mut c, gate_up);
