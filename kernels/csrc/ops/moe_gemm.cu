@@ -357,6 +357,9 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   constexpr int kAChunks = (kATotal + kMmaThreads - 1) / kMmaThreads;
   constexpr int kWChunks = (kWRows * kBf16ChunksPerRow + kMmaThreads - 1) / kMmaThreads;
   constexpr int kXChunks = (kWRows * kMxChunksPerRow + kMmaThreads - 1) / kMmaThreads;
+  // Activation stages in a_tile (16-row chunks only; 64-row chunks fill it with one stage).
+  constexpr int kAStages = kMmaRM / kRM >= 2 ? 2 : 1;
+  constexpr bool kAsyncA = kAStages == 2 && kATotal % kMmaThreads == 0;
 
   auto& a_tile = sh.a_tile;
   auto& w_tile = sh.w_tile;
@@ -414,17 +417,36 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
     // Register-staged double buffering: iteration s writes step s-1's chunks (held in
     // registers) to shared memory, then issues step s's 16-B global loads, which stay in flight
     // while the warps multiply step s-1 out of shared memory.
-    k3::u32x4 a_reg[kAChunks];
+    // At 16-row chunks the activations skip the registers: a_tile's 64 rows hold kAStages
+    // stages of 16, filled by asynchronous copies (cp.async on sm_80+) that land while the warps
+    // multiply the previous stage; each thread waits for its own copies before the barrier.
+    k3::AsyncCopy<kAsyncA ? kAChunks : 1> a_cp;
+    k3::u32x4 a_reg[kAsyncA ? 1 : kAChunks];
     k3::u32x4 w_reg[kWChunks];  // bf16 chunks, or the first kXChunks MXFP4 chunks
     uint32_t s_reg[kXChunks];
     for (int s = 0; s <= steps; ++s) {
       if (s > 0) {
-        K3_UNROLL
-        for (int i = 0; i < kAChunks; ++i) {
-          const int q = tid + i * kMmaThreads;
-          const k3::u32x4 v = mxfp8 ? moe_mxfp8_chunk(a_reg[i]) : a_reg[i];  // the 4 lanes of an MX block
-          if (kATotal % kMmaThreads != 0 && q >= kATotal) break;
-          k3::store_16b(&a_tile[q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk], v);
+        if constexpr (kAsyncA) {
+          a_cp.template wait<0>();  // this thread's copies of step s-1 landed
+          if (mxfp8) {
+            // The MXFP8 round trip in place, on the chunks this thread copied itself.
+            const int a0 = ((s - 1) % kAStages) * kRM;
+            K3_UNROLL
+            for (int i = 0; i < kAChunks; ++i) {
+              const int q = tid + i * kMmaThreads;
+              k3::bf16* dst = &a_tile[a0 + q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk];
+              const k3::u32x4 v = moe_mxfp8_chunk(k3::load_16b(dst));  // the 4 lanes of an MX block
+              k3::store_16b(dst, v);
+            }
+          }
+        } else {
+          K3_UNROLL
+          for (int i = 0; i < kAChunks; ++i) {
+            const int q = tid + i * kMmaThreads;
+            const k3::u32x4 v = mxfp8 ? moe_mxfp8_chunk(a_reg[i]) : a_reg[i];  // the 4 lanes of an MX block
+            if (kATotal % kMmaThreads != 0 && q >= kATotal) break;
+            k3::store_16b(&a_tile[q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk], v);
+          }
         }
         if (scale != nullptr) {
           K3_UNROLL
@@ -453,8 +475,15 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
           const int q = tid + i * kMmaThreads;
           const int in_row = q < kATotal ? row_in[q / kBf16ChunksPerRow] : -1;
           const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
-          a_reg[i] = in_row >= 0 && kc < k_end ? k3::load_16b(in_bf16 + in_row * in_s0 + kc) : zero16;
+          const bool ok = in_row >= 0 && kc < k_end;
+          if constexpr (kAsyncA) {
+            k3::bf16* dst = &a_tile[(s % kAStages) * kRM + q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk];
+            a_cp.copy_16b_or_zero(dst, ok ? in_bf16 + in_row * in_s0 + kc : in_bf16, ok);
+          } else {
+            a_reg[i] = ok ? k3::load_16b(in_bf16 + in_row * in_s0 + kc) : zero16;
+          }
         }
+        if constexpr (kAsyncA) a_cp.commit();
         if (scale != nullptr) {
           K3_UNROLL
           for (int i = 0; i < kXChunks; ++i) {
@@ -488,13 +517,14 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       if (s > 0) {
         const int k0 = k_begin + (s - 1) * kMmaBK;
         const int kn = k_end - k0 < kMmaBK ? k_end - k0 : kMmaBK;
+        const int a_base = kAsyncA ? ((s - 1) % kAStages) * kRM : 0;  // the stage step s-1 landed in
         // Ascending k, one fragment step at a time: the same order for dense and MXFP4 weights.
         // Columns past k hold zeros in both tiles.
         for (int kk = 0; kk < kn; kk += S::K) {
           FragA<S> fa[kFragsM];
           K3_UNROLL
           for (int i = 0; i < kFragsM; ++i) {
-            if (row_live[i]) load_a(fa[i], &a_tile[wm + i * S::M][kk], kMmaLds);
+            if (row_live[i]) load_a(fa[i], &a_tile[a_base + wm + i * S::M][kk], kMmaLds);
           }
           K3_UNROLL
           for (int j = 0; j < kFragsN; ++j) {
