@@ -98,6 +98,23 @@ struct KdaDecodeHeadScalars {
   float beta, q_mul, k_mul;
 };
 
+// Steps 1-3's inputs (conv, decay gate, beta) and their options, in the order the launcher
+// passes them to kda_decode_generic_step and kda_decode_prepare; kda_decode_head_inputs takes
+// them the same way.
+#define KDA_DECODE_INPUT_PARAMS                                                                                   \
+  const void *x, int x_dt, int64_t x_s0,                                        /* [B, D], unit channel stride */ \
+      const float *conv_w, int64_t cw_s0, int64_t cw_s1,                        /* [D, W] */                      \
+      void *conv_state, int cs_dt, int64_t cs_s0, int64_t cs_s1, int64_t cs_s2, /* [slots, D, W-1] */             \
+      const void *g_raw, int g_dt, int64_t g_s0, int64_t g_s1,                  /* [B, H, K], unit inner */       \
+      const void *beta_in, int beta_dt, int64_t be_s0, int64_t be_s1,           /* [B, H] */                      \
+      const float *a_log, int64_t al_s0,                                        /* [A] or null */                 \
+      const float *dt_bias, int64_t db_s0                                       /* [H·K] or null */
+#define KDA_DECODE_INPUT_ARGS                                                                                     \
+  x, x_dt, x_s0, conv_w, cw_s0, cw_s1, conv_state, cs_dt, cs_s0, cs_s1, cs_s2, g_raw, g_dt, g_s0, g_s1, beta_in, \
+      beta_dt, be_s0, be_s1, a_log, al_s0, dt_bias, db_s0
+#define KDA_DECODE_GATE_PARAMS int gate_mode, float lower_bound, int beta_sigmoid, int qk_l2norm, float scale
+#define KDA_DECODE_GATE_ARGS gate_mode, lower_bound, beta_sigmoid, qk_l2norm, scale
+
 // Helpers with two callers, inlined on AMD as well: as calls (clang's choice) they went through
 // a scratch stack (kda_decode_head_inputs on gfx942: 264 B, 126 scratch loads/stores, 54 AGPRs).
 #if K3_TARGET_HIP
@@ -108,11 +125,7 @@ struct KdaDecodeHeadScalars {
 
 // Steps 1–3 for the head of one block (all threads call it; it ends behind a barrier).
 KDA_DECODE_INLINE K3_DEVICE KdaDecodeHeadScalars kda_decode_head_inputs(
-    const void* x, int x_dt, int64_t x_s0, const float* conv_w, int64_t cw_s0, int64_t cw_s1,
-    void* conv_state, int cs_dt, int64_t cs_s0, int64_t cs_s1, int64_t cs_s2,
-    const void* g_raw, int g_dt, int64_t g_s0, int64_t g_s1, const void* beta_in, int beta_dt, int64_t be_s0,
-    int64_t be_s1, const float* a_log, int64_t al_s0, const float* dt_bias, int64_t db_s0, int b, int h, int slot,
-    int heads, int K, int V, int width, int gate_mode, float lower_bound, int beta_sigmoid, int qk_l2norm, float scale,
+    KDA_DECODE_INPUT_PARAMS, int b, int h, int slot, int heads, int K, int V, int width, KDA_DECODE_GATE_PARAMS,
     float* u, float* alpha, float* red /* [2][kWarps] */) {
   using namespace kda_decode_fused;
   const int tid = static_cast<int>(k3::thread_idx_x());
@@ -177,20 +190,14 @@ K3_DEVICE bool kda_decode_claim_slot(const int32_t* state_indices, int64_t si_s0
 }
 
 K3_KERNEL void kda_decode_generic_step(
-    const void* x, int x_dt, int64_t x_s0,                                   // [B, D], unit channel stride
-    const float* conv_w, int64_t cw_s0, int64_t cw_s1,                       // [D, W]
-    void* conv_state, int cs_dt, int64_t cs_s0, int64_t cs_s1, int64_t cs_s2,  // [slots, D, W-1]
-    const void* g_raw, int g_dt, int64_t g_s0, int64_t g_s1,                 // [B, H, K], unit inner
-    const void* beta_in, int beta_dt, int64_t be_s0, int64_t be_s1,          // [B, H]
-    const float* a_log, int64_t al_s0,                                       // [A] or null
-    const float* dt_bias, int64_t db_s0,                                     // [H·K] or null
+    KDA_DECODE_INPUT_PARAMS,
     const int32_t* state_indices, int64_t si_s0,                             // [B]
     void* state, int st_dt, int64_t st_slot, int64_t st_head, int64_t st_k, int64_t st_v, int k_fast,
     const void* out_gate, int og_dt, int64_t og_s0, int64_t og_s1,           // [B, H, V] or null
     const float* norm_w, int64_t nw_s0,                                      // [V] or null
     void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V]
-    int heads, int head_k, int head_v, int width, int slots, int gate_mode, float lower_bound,
-    int beta_sigmoid, int qk_l2norm, float scale, int gated_norm, float norm_eps, int batch, k3::ErrorRecord* err) {
+    int heads, int head_k, int head_v, int width, int slots, KDA_DECODE_GATE_PARAMS, int gated_norm, float norm_eps,
+    int batch, k3::ErrorRecord* err) {
   using namespace kda_decode_fused;
   const int row = static_cast<int>(k3::block_idx_x());
   const int b = row / heads;
@@ -211,9 +218,7 @@ K3_KERNEL void kda_decode_generic_step(
 
   KdaDecodeHeadScalars hs{0.0f, 0.0f, 0.0f};
   if (live_row) hs = kda_decode_head_inputs(
-      x, x_dt, x_s0, conv_w, cw_s0, cw_s1, conv_state, cs_dt, cs_s0, cs_s1, cs_s2, g_raw, g_dt, g_s0, g_s1, beta_in,
-      beta_dt, be_s0, be_s1, a_log, al_s0, dt_bias, db_s0, b, h, slot, heads, K, V, width, gate_mode, lower_bound,
-      beta_sigmoid, qk_l2norm, scale, u, alpha, red[0]);
+      KDA_DECODE_INPUT_ARGS, b, h, slot, heads, K, V, width, KDA_DECODE_GATE_ARGS, u, alpha, red[0]);
   const float beta = hs.beta, q_mul = hs.q_mul, k_mul = hs.k_mul;
 
   // 4. Delta rule, kChunk value columns at a time.
@@ -290,18 +295,11 @@ K3_EXPORT(kda_decode_generic_step);
 
 // V-split, launch 1 of 3: steps 1–3 of one (row, head) into its workspace row `ws + row·ws_row`.
 K3_KERNEL void kda_decode_prepare(
-    const void* x, int x_dt, int64_t x_s0,                                   // [B, D], unit channel stride
-    const float* conv_w, int64_t cw_s0, int64_t cw_s1,                       // [D, W]
-    void* conv_state, int cs_dt, int64_t cs_s0, int64_t cs_s1, int64_t cs_s2,  // [slots, D, W-1]
-    const void* g_raw, int g_dt, int64_t g_s0, int64_t g_s1,                 // [B, H, K], unit inner
-    const void* beta_in, int beta_dt, int64_t be_s0, int64_t be_s1,          // [B, H]
-    const float* a_log, int64_t al_s0,                                       // [A] or null
-    const float* dt_bias, int64_t db_s0,                                     // [H·K] or null
+    KDA_DECODE_INPUT_PARAMS,
     const int32_t* state_indices, int64_t si_s0,                             // [B]
     float* ws, int64_t ws_row,                                               // [B·H, ws_row]
     void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V]: null rows only
-    int heads, int head_k, int head_v, int width, int slots, int gate_mode, float lower_bound,
-    int beta_sigmoid, int qk_l2norm, float scale, int batch, k3::ErrorRecord* err) {
+    int heads, int head_k, int head_v, int width, int slots, KDA_DECODE_GATE_PARAMS, int batch, k3::ErrorRecord* err) {
   using namespace kda_decode_fused;
   const int row = static_cast<int>(k3::block_idx_x());
   const int b = row / heads;
@@ -322,9 +320,7 @@ K3_KERNEL void kda_decode_prepare(
   float* alpha = u + 2 * K + V;            // [K] decay factors
   K3_SHARED(float, red, [2][kWarps]);
   const KdaDecodeHeadScalars hs = kda_decode_head_inputs(
-      x, x_dt, x_s0, conv_w, cw_s0, cw_s1, conv_state, cs_dt, cs_s0, cs_s1, cs_s2, g_raw, g_dt, g_s0, g_s1, beta_in,
-      beta_dt, be_s0, be_s1, a_log, al_s0, dt_bias, db_s0, b, h, slot, heads, K, V, width, gate_mode, lower_bound,
-      beta_sigmoid, qk_l2norm, scale, u, alpha, red[0]);
+      KDA_DECODE_INPUT_ARGS, b, h, slot, heads, K, V, width, KDA_DECODE_GATE_ARGS, u, alpha, red[0]);
   float* vecs = w + kWsHeader;
   for (int i = tid; i < K; i += kThreads) {
     vecs[i] = u[i] * hs.q_mul;
