@@ -423,7 +423,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
     k3::AsyncCopy<kAsyncA ? kAChunks : 1> a_cp;
     k3::u32x4 a_reg[kAsyncA ? 1 : kAChunks];
     k3::u32x4 w_reg[kWChunks];  // bf16 chunks, or the first kXChunks MXFP4 chunks
-    uint32_t s_reg[kXChunks];
+    uint32_t s_reg[kXChunks] = {};  // set before every read; zeroed so g++ (SIMT build) sees it
     for (int s = 0; s <= steps; ++s) {
       if (s > 0) {
         if constexpr (kAsyncA) {
