@@ -23,6 +23,7 @@
 //   async copies   k3::AsyncCopy: 16-B global -> shared copies in commit/wait groups (k3/async_copy.h)
 //   loops          K3_UNROLL (full unrolling, for loops over register arrays), K3_NO_UNROLL
 //                  (keep a loop rolled where unrolling costs registers)
+//   inlining       K3_AMD_INLINE (large helpers inlined on AMD, where a call costs a scratch stack)
 //   trap()         device-side assertion failure
 //
 // Rules for kernel sources (so that the emulator can compile each file at both warp sizes into
@@ -95,6 +96,15 @@ typedef short int16_t;
 #else
 #define K3_UNROLL _Pragma("unroll")
 #define K3_NO_UNROLL _Pragma("unroll 1")
+#endif
+
+// K3_AMD_INLINE forces a device helper inline on AMD: clang may call a large helper out of line,
+// and every such call goes through a scratch stack (arguments and callee-saved registers around
+// s_swappc). nvcc inlines these helpers already, and the SIMT build has no use for it.
+#if K3_TARGET_HIP
+#define K3_AMD_INLINE __attribute__((always_inline))
+#else
+#define K3_AMD_INLINE
 #endif
 
 #if K3_TARGET_CUDA

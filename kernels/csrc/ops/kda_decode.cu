@@ -115,16 +115,11 @@ struct KdaDecodeHeadScalars {
 #define KDA_DECODE_GATE_PARAMS int gate_mode, float lower_bound, int beta_sigmoid, int qk_l2norm, float scale
 #define KDA_DECODE_GATE_ARGS gate_mode, lower_bound, beta_sigmoid, qk_l2norm, scale
 
-// Helpers with two callers, inlined on AMD as well: as calls (clang's choice) they went through
-// a scratch stack (kda_decode_head_inputs on gfx942: 264 B, 126 scratch loads/stores, 54 AGPRs).
-#if K3_TARGET_HIP
-#define KDA_DECODE_INLINE __attribute__((always_inline))
-#else
-#define KDA_DECODE_INLINE
-#endif
+// Helpers with two callers are K3_AMD_INLINE: as calls (clang's choice) they went through a
+// scratch stack (kda_decode_head_inputs on gfx942: 264 B, 126 scratch loads/stores, 54 AGPRs).
 
 // Steps 1–3 for the head of one block (all threads call it; it ends behind a barrier).
-KDA_DECODE_INLINE K3_DEVICE KdaDecodeHeadScalars kda_decode_head_inputs(
+K3_AMD_INLINE K3_DEVICE KdaDecodeHeadScalars kda_decode_head_inputs(
     KDA_DECODE_INPUT_PARAMS, int b, int h, int slot, int heads, int K, int V, int width, KDA_DECODE_GATE_PARAMS,
     float* u, float* alpha, float* red /* [2][kWarps] */) {
   using namespace kda_decode_fused;
@@ -340,7 +335,7 @@ K3_EXPORT(kda_decode_prepare);
 
 // Four consecutive outputs from element i of `out`; bf16 pairs go through the hardware pack
 // (k3/convert_hw.h) as 32-bit stores when the address allows it, other cases element by element.
-KDA_DECODE_INLINE K3_DEVICE void kda_decode_store4(void* out, int out_dt, int64_t i, k3::f32x4 y) {
+K3_AMD_INLINE K3_DEVICE void kda_decode_store4(void* out, int out_dt, int64_t i, k3::f32x4 y) {
   if (out_dt == k3::kBF16) {
     uint16_t* p = static_cast<uint16_t*>(out) + i;
     if ((reinterpret_cast<uint64_t>(p) & 3u) == 0) {

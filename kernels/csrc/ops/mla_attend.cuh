@@ -155,7 +155,7 @@ K3_DEVICE int value_slot(int d, int latent) { return d < latent ? d / kScaleTile
 
 // The row tile `r` of one work item. score_scale = softmax_scale (x kv_scale for flat fp8),
 // out_scale = kv_scale for flat fp8, else 1. Every thread of the block must call it (barriers).
-MLA_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
+K3_AMD_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
                       const Dest& dst, uint16_t* raw, float* mult, float* pbuf) {
   const int lane = static_cast<int>(k3::lane_id());
   const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;

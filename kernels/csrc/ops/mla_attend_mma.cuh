@@ -70,7 +70,7 @@ K3_DEVICE int mult_slot(int col, int lp) { return col < lp ? col / kScaleTile : 
 // buffer in 16-byte loads and the fragments read from shared memory. Otherwise each fragment
 // slot is one 2-byte global load and the cache may go bytewise.
 template <bool kVec>
-MLA_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
+K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
                           const Dest& dst, uint8_t* shared) {
   const MmaSmem sm = carve_mma(shared);
   const int tid = static_cast<int>(k3::thread_idx_x());

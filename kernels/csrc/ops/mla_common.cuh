@@ -14,15 +14,8 @@
 #define MLA_MAX_THREADS(n)
 #endif
 
-// Helpers of the MLA kernels inlined on AMD as well. As calls (clang's choice for the kernel
-// bodies and the attention cores) they went through a scratch stack: 232-280 B per MMA kernel on
-// gfx942/gfx950, the arguments and callee-saved registers stored around every s_swappc. NVIDIA
-// inlines them already.
-#if K3_TARGET_HIP
-#define MLA_INLINE __attribute__((always_inline))
-#else
-#define MLA_INLINE
-#endif
+// The MLA kernel bodies and attention cores are K3_AMD_INLINE: as calls (clang's choice) they went
+// through a scratch stack of 232-280 B per MMA kernel on gfx942/gfx950.
 
 namespace mla {
 

@@ -107,7 +107,7 @@ K3_DEVICE mla::Dest decode_dest(int b, int g, int slot, int q_len, int latent, v
 
 // One row tile on the chosen core; kVec: the 16-byte MMA core (mla_attend_mma.cuh).
 template <bool kMma, bool kVec>
-MLA_INLINE K3_DEVICE void attend_tile(const mla::Cache& c, const mla::Query& q, const mla::Rows& r, float score_scale,
+K3_AMD_INLINE K3_DEVICE void attend_tile(const mla::Cache& c, const mla::Query& q, const mla::Rows& r, float score_scale,
                            float out_scale, const mla::Dest& dst) {
   if constexpr (kMma) {
     mla::attend_mma<kVec>(c, q, r, score_scale, out_scale, dst, k3::dynamic_shared<uint8_t>());
@@ -119,7 +119,7 @@ MLA_INLINE K3_DEVICE void attend_tile(const mla::Cache& c, const mla::Query& q, 
 
 // Runs every row tile of one decode item (all q_len queries x the group's heads).
 template <bool kMma, bool kVec>
-MLA_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, int heads, int q_len, int seq_len, int g,
+K3_AMD_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, int heads, int q_len, int seq_len, int g,
                            int kv_start, int kv_end, int rt_begin, int rt_step, float score_scale, float out_scale,
                            const mla::Dest& dst) {
   const int gh = heads - g * mla::kRows < mla::kRows ? heads - g * mla::kRows : mla::kRows;
@@ -152,7 +152,7 @@ MLA_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, 
       ws_lse_off, heads, q_len
 
 template <bool kMma, bool kVec>
-MLA_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale, k3::ErrorRecord* err) {
+K3_AMD_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale, k3::ErrorRecord* err) {
   const int b = static_cast<int>(k3::block_idx_x());
   const int g = static_cast<int>(k3::block_idx_y()) / q_len;
   const int rt = static_cast<int>(k3::block_idx_y()) % q_len;
@@ -175,7 +175,7 @@ MLA_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float sc
 // Items come from mla_decode_asm_schedule, which checked the seq_lens they were cut from (and
 // wrote an empty schedule otherwise); the block-table entries are checked here, per item.
 template <bool kMma, bool kVec>
-MLA_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale,
+K3_AMD_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale,
                         k3::ErrorRecord* err) {
   const int unit = static_cast<int>(k3::block_idx_x());
   for (int w = cu_indptr[unit]; w < cu_indptr[unit + 1]; ++w) {
@@ -424,7 +424,7 @@ K3_EXPORT(mla_decode_reduce);
 
 namespace {
 template <bool kMma, bool kVec>
-MLA_INLINE K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) {
+K3_AMD_INLINE K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) {
   const int rt = static_cast<int>(k3::block_idx_x());
   const int g = static_cast<int>(k3::block_idx_y());
   const int b = static_cast<int>(k3::block_idx_z());
