@@ -38,13 +38,14 @@
 // the target's bf16 shape (m16n8k16 mma.sync at warp 32, 16x16x16 MFMA at warp 64), loaded
 // from bf16 shared tiles (pitch 144 B: bank-conflict free) through a_coord/b_coord.
 // Memory at full width: every lane moves 16-B chunks (8 bf16 of an input or weight row, or 32
-// MXFP4 codes = one MX block with its scale byte), k steps of kMmaBK = 64 double-buffered
-// through registers (step s+1's loads are in flight while step s multiplies). MXFP4 is decoded
-// in registers (moe_mxfp4.cuh): e2m1 -> f32 bits by shifts, one multiply by the E8M0 scale
-// (exact), the bf16 pair as the two products' high halves (one byte permute). Fragments of
+// MXFP4 codes = one MX block), k steps of kMmaBK = 64 in a multi-stage pipeline (see
+// moe_gemm_mma_block: MXFP4 weights 3 steps deep, bf16 weights 2): weights and 16-row activation
+// steps by asynchronous copies (cp.async on sm_80+) into rings in shared memory, the E8M0 bytes
+// and, on AMD, the weights through registers. MXFP4 stays raw in shared memory and is decoded at
+// fragment load (moe_mxfp4.cuh: e2m1 -> f32 bits by shifts, one multiply by the E8M0 scale,
+// exact; the bf16 value as the product's high half). Fragments of
 // 16-row groups without a pair, and column fragments past n, are skipped (warp-uniform tests);
-// a chunk without any pair is skipped whole. Shared: 64x72 + 128x72 bf16 tiles (one set for
-// both stages) + 3 words per row. Dense and MXFP4 weights reach the MMAs as the same bf16
+// a chunk without any pair is skipped whole. Dense and MXFP4 weights reach the MMAs as the same bf16
 // operands in the same order, so MXFP4 results equal the bf16 twin's bit for bit.
 //
 // moe_gemm_grouped (any operand f32: the spec decodes exactly to f32, and an f32 operand is never
@@ -282,7 +283,7 @@ constexpr int kMmaSmallRM = 16;                     // rows per chunk at block_m
 constexpr int kMmaThreads = 4 * k3::kWarpSize;      // the launcher sends exactly 4 warps
 constexpr int kMmaBK = 64;                          // k per pipeline step (two MX blocks)
 // bf16 row pitch of the shared tiles: 144 B = 36 words, so the 8 lanes of a 16-B store phase
-// (consecutive chunks of one row, or 64-B MXFP4 runs of four rows) and the fragment loads
+// (consecutive chunks of one row) and the fragment loads
 // (rows g, columns t: word 36g + t) all fall in distinct banks.
 constexpr int kMmaLds = kMmaBK + 8;
 constexpr int kBf16Chunk = 8;                       // bf16 per 16-B chunk
@@ -321,17 +322,143 @@ MOE_INLINE K3_DEVICE k3::u32x4 moe_mxfp8_chunk(k3::u32x4 x) {
 // time so the down stage carries no up accumulators. The launcher guarantees 16-B rows: input
 // and weights contiguous along k, row strides and base addresses multiples of 16 bytes, k a
 // multiple of 8 (of 32 for MXFP4).
+//
+// Pipeline depth, in steps of kMmaBK = 64 k, and shared memory (static: at most 48 KiB).
+//  - MXFP4 weights, 3 steps: a raw gate/up step is 128 rows x 32 code bytes, kept at a 48-B pitch
+//    (16-B multiple for the copies; rows at word 12g, so the 8 rows of an m16n8k16 B fragment
+//    read distinct banks): 3 x 128 x 48 = 18432 B, the size of one bf16 step (128 x 72 x 2), plus
+//    3 x 128 x 2 = 768 B of E8M0 bytes. a_tile's 64 rows hold 3 16-row activation steps.
+//  - bf16 weights, 2 steps: 2 x 18432 B (3 would be 55296 B with the activations: past 48 KiB).
+//    On AMD one step, staged through registers (the HIP AsyncCopy is synchronous): 2 steps would
+//    take the block to 47616 B, 1 block per CU on MI300X's 64 KiB instead of 2.
+// The block holds 47616 B on NVIDIA and in the emulator (28416 B before): 4 blocks per SM on
+// H200 (4 x (47616 + 1024 reserved) = 190 KiB of 228), as many as the 16-row kernel's <= 128
+// registers allow (3 for the split kernel); on AMD 29184 B, 2 blocks per CU on MI300X as before.
+constexpr int kMxStages = 3;
+constexpr int kBf16Stages = 2;
+#if K3_TARGET_HIP
+constexpr int kBf16Tiles = 1;
+#else
+constexpr int kBf16Tiles = kBf16Stages;
+#endif
+constexpr int kMxPitch = 48;                        // bytes per staged MXFP4 weight row (32 used)
+constexpr int kMxChunk = 16;                        // code bytes per 16-B chunk (kMxChunkK k)
+
 // The block's shared memory, declared once in the kernel for both stages (the down stage uses
 // the first kMoeBN weight rows).
 struct alignas(16) MoeMmaShared {
   k3::bf16 a_tile[kMmaRM][kMmaLds];
-  k3::bf16 w_tile[2 * kMoeBN][kMmaLds];
+  union {
+    k3::bf16 w_tile[kBf16Tiles][2 * kMoeBN][kMmaLds];  // bf16 weights
+    uint8_t w_mx[kMxStages][2 * kMoeBN][kMxPitch];      // MXFP4 weights: raw steps
+  };
+  uint8_t w_scale[kMxStages][2 * kMoeBN][kMxChunksPerRow];  // their E8M0 bytes
   int row_pair[kMmaRM];
   int row_in[kMmaRM];    // the input row of each pair (its token for GateUp), -1 for none
   float row_w[kMmaRM];   // Down: the pair's router weight
 };
+static_assert(sizeof(MoeMmaShared::w_mx) <= sizeof(k3::bf16) * 2 * kMoeBN * kMmaLds, "the raw ring fits in a bf16 step");
 
-template <class S, bool kGateUp, int kRM, bool kSplit>
+// Issue the asynchronous copies of a 16-row activation step into slot `slot` of a_tile (one
+// chunk per thread; rows without a pair and k past k_end are zero-filled).
+template <int kMaxPending>
+MOE_INLINE K3_DEVICE void moe_mma_issue_a(k3::AsyncCopy<kMaxPending>& cp, MoeMmaShared& sh, int slot, int q,
+                                          const k3::bf16* in, int64_t in_s0, int k0, int k_end) {
+  const int in_row = sh.row_in[q / kBf16ChunksPerRow];
+  const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
+  const bool ok = in_row >= 0 && kc < k_end;
+  k3::bf16* dst = &sh.a_tile[slot * kMmaSmallRM + q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk];
+  cp.copy_16b_or_zero(dst, ok ? in + in_row * in_s0 + kc : in, ok);
+}
+
+// Issue an MXFP4 weight step (kMxChunksPerRow chunks of 16 code bytes per row, with one E8M0
+// byte each): the codes into slot `slot` of w_mx asynchronously (kAsync) or into the registers
+// x, the scale bytes into the registers sc. Chunks past n or k_end read as zero codes.
+template <int kWRows, bool kAsync, int kMaxPending, int kChunks>
+MOE_INLINE K3_DEVICE void moe_mma_issue_mx(k3::AsyncCopy<kMaxPending>& cp, MoeMmaShared& sh, int slot,
+                                           k3::u32x4 (&x)[kAsync ? 1 : kChunks], uint32_t (&sc)[kChunks], int tid,
+                                           const uint8_t* codes, int64_t w_s1, const uint8_t* sc_e, int64_t sc_s1,
+                                           int64_t sc_s2, int n0, int n, int k0, int k_end) {
+  K3_UNROLL
+  for (int i = 0; i < kChunks; ++i) {
+    const int q = tid + i * kMmaThreads;
+    if (q >= kWRows * kMxChunksPerRow) break;
+    const int lr = q / kMxChunksPerRow;
+    const int j = n0 + lr % kMoeBN;
+    const int kc = k0 + (q % kMxChunksPerRow) * kMxChunkK;
+    const bool ok = j < n && kc < k_end;
+    const int64_t row = lr < kMoeBN ? j : n + j;
+    const uint8_t* src = ok ? codes + row * w_s1 + kc / 2 : codes;
+    sc[i] = ok ? sc_e[row * sc_s1 + (kc / kMxChunkK) * sc_s2] : 0u;
+    if constexpr (kAsync) {
+      cp.copy_16b_or_zero(&sh.w_mx[slot][lr][(q % kMxChunksPerRow) * kMxChunk], src, ok);
+    } else {
+      const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
+      x[i] = ok ? k3::load_16b(src) : zero16;
+    }
+  }
+}
+
+// Load an activation step (64-row chunks, or 16 rows at warp 64) into registers.
+template <int kChunks, int kTotal>
+MOE_INLINE K3_DEVICE void moe_mma_load_a(k3::u32x4 (&a)[kChunks], const int* row_in, int tid, const k3::bf16* in,
+                                         int64_t in_s0, int k0, int k_end) {
+  const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
+  K3_UNROLL
+  for (int i = 0; i < kChunks; ++i) {
+    const int q = tid + i * kMmaThreads;
+    const int in_row = q < kTotal ? row_in[q / kBf16ChunksPerRow] : -1;
+    const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
+    a[i] = in_row >= 0 && kc < k_end ? k3::load_16b(in + in_row * in_s0 + kc) : zero16;
+  }
+}
+
+// Load a bf16 weight step into registers.
+template <int kChunks, int kWRows>
+MOE_INLINE K3_DEVICE void moe_mma_load_w(k3::u32x4 (&w)[kChunks], int tid, const k3::bf16* w_e, int64_t w_s1, int n0,
+                                         int n, int k0, int k_end) {
+  const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
+  K3_UNROLL
+  for (int i = 0; i < kChunks; ++i) {
+    const int q = tid + i * kMmaThreads;
+    const int lr = q / kBf16ChunksPerRow;
+    const int j = n0 + lr % kMoeBN;
+    const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
+    const int64_t row = lr < kMoeBN ? j : n + j;
+    w[i] = q < kWRows * kBf16ChunksPerRow && j < n && kc < k_end ? k3::load_16b(w_e + row * w_s1 + kc) : zero16;
+  }
+}
+
+// Issue the asynchronous copies of a bf16 weight step into w_tile[slot] (chunks past n or
+// k_end zero-filled).
+template <int kWRows, int kMaxPending, int kChunks>
+MOE_INLINE K3_DEVICE void moe_mma_issue_w(k3::AsyncCopy<kMaxPending>& cp, MoeMmaShared& sh, int slot, int tid,
+                                          const k3::bf16* w_e, int64_t w_s1, int n0, int n, int k0, int k_end) {
+  K3_UNROLL
+  for (int i = 0; i < kChunks; ++i) {
+    const int q = tid + i * kMmaThreads;
+    if (q >= kWRows * kBf16ChunksPerRow) break;
+    const int lr = q / kBf16ChunksPerRow;
+    const int j = n0 + lr % kMoeBN;
+    const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
+    const bool ok = j < n && kc < k_end;
+    const int64_t row = lr < kMoeBN ? j : n + j;
+    cp.copy_16b_or_zero(&sh.w_tile[slot][lr][(q % kBf16ChunksPerRow) * kBf16Chunk], ok ? w_e + row * w_s1 + kc : w_e, ok);
+  }
+}
+
+// The B fragment (B[k][n] = W[n][k]) of weight tile rows r.. at k = kk.. from ring slot `slot`:
+// a bf16 step, or decoded now from a raw MXFP4 step.
+template <class S, bool kMx>
+MOE_INLINE K3_DEVICE void moe_mma_load_w_frag(k3::mma::FragB<S>& fb, const MoeMmaShared& sh, int slot, int r, int kk) {
+  if constexpr (kMx) {
+    moe::load_b_mxfp4(fb, &sh.w_mx[slot][r][0], kMxPitch, &sh.w_scale[slot][r][0], kMxChunksPerRow, kk);
+  } else {
+    k3::mma::load_b_transposed(fb, &sh.w_tile[slot][r][kk], kMmaLds);
+  }
+}
+
+template <class S, bool kGateUp, int kRM, bool kSplit, bool kMx>
 MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void* input, int64_t in_s0,
                                              const void* weight, int64_t w_s0, int64_t w_s1, const uint8_t* scale,
                                              int64_t sc_s0, int64_t sc_s1, int64_t sc_s2, const int* sorted,
@@ -357,12 +484,20 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   constexpr int kAChunks = (kATotal + kMmaThreads - 1) / kMmaThreads;
   constexpr int kWChunks = (kWRows * kBf16ChunksPerRow + kMmaThreads - 1) / kMmaThreads;
   constexpr int kXChunks = (kWRows * kMxChunksPerRow + kMmaThreads - 1) / kMmaThreads;
-  // Activation stages in a_tile (16-row chunks only; 64-row chunks fill it with one stage).
-  constexpr int kAStages = kMmaRM / kRM >= 2 ? 2 : 1;
-  constexpr bool kAsyncA = kAStages == 2 && kATotal % kMmaThreads == 0;
+  // What goes through asynchronous copies (see the pipeline below): 16-row activation steps
+  // when a_tile holds kStages of them and every thread copies whole chunks; MXFP4 codes except
+  // on AMD.
+  constexpr int kStages = kMx ? kMxStages : kBf16Stages;
+  constexpr bool kAsyncA = kRM * kStages <= kMmaRM && kATotal % kMmaThreads == 0;
+  constexpr bool kAsyncW = kBf16Tiles > 1;  // weights (MXFP4 codes or bf16 rows) by async copies
+  constexpr bool kRegW = !kMx && !kAsyncW;  // bf16 weights through registers into one tile (AMD)
+  static_assert(!kAsyncA || kAChunks == 1, "one activation chunk per thread and step");
+  constexpr int kAsyncPerStep = (kAsyncA ? kAChunks : 0) + (kAsyncW ? (kMx ? kXChunks : kWChunks) : 0);
+  constexpr int kMaxPending = kAsyncPerStep > 0 ? (kStages - 1) * kAsyncPerStep : 1;
+  static_assert(!kMx || kStages == 3, "two register sets (near, far) carry the register-staged MXFP4 steps");
 
   auto& a_tile = sh.a_tile;
-  auto& w_tile = sh.w_tile;
+  auto& w_tile = sh.w_tile[0];  // the single bf16 tile of the register path
   int* row_pair = sh.row_pair;
   int* row_in = sh.row_in;
   float* row_w = sh.row_w;
@@ -380,7 +515,6 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   const k3::bf16* w_bf16 = static_cast<const k3::bf16*>(weight) + e * w_s0;
   const uint8_t* w_mx = static_cast<const uint8_t*>(weight) + e * w_s0;
   const uint8_t* sc_e = scale != nullptr ? scale + e * sc_s0 : nullptr;
-  const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
   const int steps = (k_end - k_begin + kMmaBK - 1) / kMmaBK;
 
   for (int m0 = 0; m0 < block_m; m0 += kRM) {
@@ -414,29 +548,41 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       }
     }
 
-    // Register-staged double buffering: iteration s writes step s-1's chunks (held in
-    // registers) to shared memory, then issues step s's 16-B global loads, which stay in flight
-    // while the warps multiply step s-1 out of shared memory.
-    // At 16-row chunks the activations skip the registers: a_tile's 64 rows hold kAStages
-    // stages of 16, filled by asynchronous copies (cp.async on sm_80+) that land while the warps
-    // multiply the previous stage; each thread waits for its own copies before the barrier.
-    k3::AsyncCopy<kAsyncA ? kAChunks : 1> a_cp;
+    // The k pipeline, kStages deep. Step t lands in slot t % kStages of its ring, or in a single
+    // tile:
+    //  - asynchronous (k3::AsyncCopy: cp.async on sm_80+, deferred copies in the emulator): the
+    //    activations of 16-row chunks (a_tile's 64 rows hold kStages 16-row slots) and, except on
+    //    AMD, the weights (raw MXFP4 code bytes into w_mx, bf16 rows into w_tile), issued
+    //    kStages - 1 iterations ahead; each thread waits for its own copies before the barrier.
+    //  - through registers, loaded with step t's copies and stored before iteration t's barrier:
+    //    the E8M0 bytes (w_scale; cp.async moves 4 B at least, a step has 2 B per row), and on AMD
+    //    the code bytes too (the HIP AsyncCopy is a synchronous register copy: issued ahead it
+    //    would stall; see k3/async_copy.h). Two register sets (steps t + 1 and t + 2).
+    //  - through registers into a single tile, loaded one iteration ahead: the activations of
+    //    64-row chunks (or at warp 64, where 16 rows are half a chunk per thread) and the bf16
+    //    weights on AMD; a second barrier then ends the iteration.
+    // MXFP4 is decoded at fragment load (moe::load_b_mxfp4) into the bf16 values the dense twin
+    // stores, which then meet the same MMAs in the same order.
+    k3::AsyncCopy<kMaxPending> cp;
     k3::u32x4 a_reg[kAsyncA ? 1 : kAChunks];
-    k3::u32x4 w_reg[kWChunks];  // bf16 chunks, or the first kXChunks MXFP4 chunks
-    uint32_t s_reg[kXChunks] = {};  // set before every read; zeroed so g++ (SIMT build) sees it
-    for (int s = 0; s <= steps; ++s) {
-      if (s > 0) {
+    k3::u32x4 w_reg[kRegW ? kWChunks : 1];
+    k3::u32x4 x_near[kAsyncW ? 1 : kXChunks], x_far[kAsyncW ? 1 : kXChunks];  // codes, steps t+1, t+2 (AMD)
+    uint32_t sc_near[kMx ? kXChunks : 1] = {}, sc_far[kMx ? kXChunks : 1] = {};  // E8M0 bytes, same steps
+    // Iterations s < 0 only issue (the first kStages - 1 steps). One commit group per
+    // iteration, empty or not, so wait<kStages - 2> counts steps.
+    K3_NO_UNROLL
+    for (int s = 1 - kStages; s < steps; ++s) {
+      const int slot = s < 0 ? 0 : s % kStages;
+      if (s >= 0) {
+        cp.template wait<kStages - 2>();  // this thread's copies of step s landed
         if constexpr (kAsyncA) {
-          a_cp.template wait<0>();  // this thread's copies of step s-1 landed
           if (mxfp8) {
             // The MXFP8 round trip in place, on the chunks this thread copied itself.
-            const int a0 = ((s - 1) % kAStages) * kRM;
             K3_UNROLL
             for (int i = 0; i < kAChunks; ++i) {
               const int q = tid + i * kMmaThreads;
-              k3::bf16* dst = &a_tile[a0 + q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk];
-              const k3::u32x4 v = moe_mxfp8_chunk(k3::load_16b(dst));  // the 4 lanes of an MX block
-              k3::store_16b(dst, v);
+              k3::bf16* dst = &a_tile[slot * kRM + q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk];
+              k3::store_16b(dst, moe_mxfp8_chunk(k3::load_16b(dst)));  // the 4 lanes of an MX block
             }
           }
         } else {
@@ -448,17 +594,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
             k3::store_16b(&a_tile[q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk], v);
           }
         }
-        if (scale != nullptr) {
-          K3_UNROLL
-          for (int i = 0; i < kXChunks; ++i) {
-            const int q = tid + i * kMmaThreads;
-            if (q >= kWRows * kMxChunksPerRow) break;
-            const float sf = moe::e8m0_f32(s_reg[i]);
-            k3::bf16* dst = &w_tile[q / kMxChunksPerRow][(q % kMxChunksPerRow) * kMxChunkK];
-            K3_UNROLL
-            for (int h = 0; h < 4; ++h) k3::store_16b(dst + h * kBf16Chunk, moe::mxfp4_word_to_bf16(w_reg[i].v[h], sf));
-          }
-        } else {
+        if constexpr (kRegW) {
           K3_UNROLL
           for (int i = 0; i < kWChunks; ++i) {
             const int q = tid + i * kMmaThreads;
@@ -467,86 +603,75 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
           }
         }
       }
-      k3::sync_threads();
-      if (s < steps) {
-        const int k0 = k_begin + s * kMmaBK;
+      if constexpr (kMx) {
         K3_UNROLL
-        for (int i = 0; i < kAChunks; ++i) {
+        for (int i = 0; i < kXChunks; ++i) {
           const int q = tid + i * kMmaThreads;
-          const int in_row = q < kATotal ? row_in[q / kBf16ChunksPerRow] : -1;
-          const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
-          const bool ok = in_row >= 0 && kc < k_end;
-          if constexpr (kAsyncA) {
-            k3::bf16* dst = &a_tile[(s % kAStages) * kRM + q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk];
-            a_cp.copy_16b_or_zero(dst, ok ? in_bf16 + in_row * in_s0 + kc : in_bf16, ok);
-          } else {
-            a_reg[i] = ok ? k3::load_16b(in_bf16 + in_row * in_s0 + kc) : zero16;
-          }
-        }
-        if constexpr (kAsyncA) a_cp.commit();
-        if (scale != nullptr) {
-          K3_UNROLL
-          for (int i = 0; i < kXChunks; ++i) {
-            const int q = tid + i * kMmaThreads;
-            const int lr = q / kMxChunksPerRow;
-            const int j = n0 + lr % kMoeBN;
-            const int kc = k0 + (q % kMxChunksPerRow) * kMxChunkK;
-            w_reg[i] = zero16;
-            s_reg[i] = 0u;
-            if (q < kWRows * kMxChunksPerRow && j < n && kc < k_end) {
-              const int64_t row = lr < kMoeBN ? j : n + j;
-              w_reg[i] = k3::load_16b(w_mx + row * w_s1 + kc / 2);
-              s_reg[i] = sc_e[row * sc_s1 + (kc / kMxChunkK) * sc_s2];
+          if (q >= kWRows * kMxChunksPerRow) break;
+          if (s >= 0) {
+            sh.w_scale[slot][q / kMxChunksPerRow][q % kMxChunksPerRow] = static_cast<uint8_t>(sc_near[i]);
+            if constexpr (!kAsyncW) {
+              k3::store_16b(&sh.w_mx[slot][q / kMxChunksPerRow][(q % kMxChunksPerRow) * kMxChunk], x_near[i]);
             }
           }
-        } else {
-          K3_UNROLL
-          for (int i = 0; i < kWChunks; ++i) {
-            const int q = tid + i * kMmaThreads;
-            const int lr = q / kBf16ChunksPerRow;
-            const int j = n0 + lr % kMoeBN;
-            const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
-            w_reg[i] = zero16;
-            if (q < kWRows * kBf16ChunksPerRow && j < n && kc < k_end) {
-              const int64_t row = lr < kMoeBN ? j : n + j;
-              w_reg[i] = k3::load_16b(w_bf16 + row * w_s1 + kc);
-            }
-          }
+          sc_near[i] = sc_far[i];
+          if constexpr (!kAsyncW) x_near[i] = x_far[i];
         }
       }
-      if (s > 0) {
-        const int k0 = k_begin + (s - 1) * kMmaBK;
-        const int kn = k_end - k0 < kMmaBK ? k_end - k0 : kMmaBK;
-        const int a_base = kAsyncA ? ((s - 1) % kAStages) * kRM : 0;  // the stage step s-1 landed in
-        // Ascending k, one fragment step at a time: the same order for dense and MXFP4 weights.
-        // Columns past k hold zeros in both tiles.
-        for (int kk = 0; kk < kn; kk += S::K) {
-          FragA<S> fa[kFragsM];
+      k3::sync_threads();
+      // Issue ahead: step s + kStages - 1 into the ring slot step s - 1 used (every warp is past
+      // it: the barrier above), and step s + 1 into the registers of the single tiles.
+      const int t = s + kStages - 1;
+      if (t < steps) {
+        if constexpr (kAsyncA) moe_mma_issue_a(cp, sh, t % kStages, tid, in_bf16, in_s0, k_begin + t * kMmaBK, k_end);
+        if constexpr (kMx) {
+          moe_mma_issue_mx<kWRows, kAsyncW>(cp, sh, t % kStages, x_far, sc_far, tid, w_mx, w_s1, sc_e, sc_s1, sc_s2,
+                                            n0, n, k_begin + t * kMmaBK, k_end);
+        } else if constexpr (kAsyncW) {
+          moe_mma_issue_w<kWRows, kMaxPending, kWChunks>(cp, sh, t % kStages, tid, w_bf16, w_s1, n0, n,
+                                                         k_begin + t * kMmaBK, k_end);
+        }
+      }
+      cp.commit();
+      if (s + 1 >= 0 && s + 1 < steps) {
+        const int k1 = k_begin + (s + 1) * kMmaBK;
+        if constexpr (!kAsyncA) moe_mma_load_a<kAChunks, kATotal>(a_reg, row_in, tid, in_bf16, in_s0, k1, k_end);
+        if constexpr (kRegW) moe_mma_load_w<kWChunks, kWRows>(w_reg, tid, w_bf16, w_s1, n0, n, k1, k_end);
+      }
+      if (s < 0) continue;
+
+      const int k0 = k_begin + s * kMmaBK;
+      const int kn = k_end - k0 < kMmaBK ? k_end - k0 : kMmaBK;
+      const int a_base = kAsyncA ? slot * kRM : 0;
+      const int w_slot = kRegW ? 0 : slot;
+      // Ascending k, one fragment step at a time: the same order for dense and MXFP4 weights.
+      // Columns past k hold zeros in both tiles.
+      for (int kk = 0; kk < kn; kk += S::K) {
+        FragA<S> fa[kFragsM];
+        K3_UNROLL
+        for (int i = 0; i < kFragsM; ++i) {
+          if (row_live[i]) load_a(fa[i], &a_tile[a_base + wm + i * S::M][kk], kMmaLds);
+        }
+        K3_UNROLL
+        for (int j = 0; j < kFragsN; ++j) {
+          if (!col_live[j]) continue;
+          // B[k][n] = W[n][k]: the weight tile is B transposed.
+          FragB<S> fb;
+          moe_mma_load_w_frag<S, kMx>(fb, sh, w_slot, wn + j * S::N, kk);
           K3_UNROLL
           for (int i = 0; i < kFragsM; ++i) {
-            if (row_live[i]) load_a(fa[i], &a_tile[a_base + wm + i * S::M][kk], kMmaLds);
+            if (row_live[i]) mma_sync(acc_g[i][j], fa[i], fb, acc_g[i][j]);
           }
-          K3_UNROLL
-          for (int j = 0; j < kFragsN; ++j) {
-            if (!col_live[j]) continue;
-            // B[k][n] = W[n][k]: the weight tile is B transposed.
-            FragB<S> fb;
-            load_b_transposed(fb, &w_tile[wn + j * S::N][kk], kMmaLds);
+          if constexpr (kGateUp) {
+            moe_mma_load_w_frag<S, kMx>(fb, sh, w_slot, kMoeBN + wn + j * S::N, kk);
             K3_UNROLL
             for (int i = 0; i < kFragsM; ++i) {
-              if (row_live[i]) mma_sync(acc_g[i][j], fa[i], fb, acc_g[i][j]);
-            }
-            if constexpr (kGateUp) {
-              load_b_transposed(fb, &w_tile[kMoeBN + wn + j * S::N][kk], kMmaLds);
-              K3_UNROLL
-              for (int i = 0; i < kFragsM; ++i) {
-                if (row_live[i]) mma_sync(acc_u[i][j], fa[i], fb, acc_u[i][j]);
-              }
+              if (row_live[i]) mma_sync(acc_u[i][j], fa[i], fb, acc_u[i][j]);
             }
           }
         }
       }
-      k3::sync_threads();  // the tiles are consumed before the next iteration overwrites them
+      if (!kAsyncA || kRegW) k3::sync_threads();  // the single tiles are consumed before the next store
     }
 
     // Epilogue from the fragments: the gate and up accumulators of a slot share (row, col).
@@ -618,17 +743,24 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
   } else {
     (void)k_chunk, (void)partial;
   }
+  // One instance per stage and weight format (MXFP4 decodes at fragment load from a raw ring).
+#define MOE_MMA_BLOCK(kGateUp, kMx)                                                                                 \
+  moe_gemm_mma_block<k3::mma::Bf16Shape, kGateUp, kRM, kSplit, kMx>(                                                \
+      sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0, topk_weights, tw_s0, \
+      tw_s1, out, out_dt, out_s0, out_s1, pairs, top_k, block_m, n0, k_begin, k_end, n, beta, linear_beta, mxfp8,  \
+      part, err)
   if (gate_up) {
-    moe_gemm_mma_block<k3::mma::Bf16Shape, true, kRM, kSplit>(sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1,
-                                                      sc_s2, sorted, sorted_s0, topk_weights, tw_s0, tw_s1, out,
-                                                      out_dt, out_s0, out_s1, pairs, top_k, block_m, n0, k_begin,
-                                                      k_end, n, beta, linear_beta, mxfp8, part, err);
+    if (scale != nullptr) {
+      MOE_MMA_BLOCK(true, true);
+    } else {
+      MOE_MMA_BLOCK(true, false);
+    }
+  } else if (scale != nullptr) {
+    MOE_MMA_BLOCK(false, true);
   } else {
-    moe_gemm_mma_block<k3::mma::Bf16Shape, false, kRM, kSplit>(sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1,
-                                                       sc_s2, sorted, sorted_s0, topk_weights, tw_s0, tw_s1, out,
-                                                       out_dt, out_s0, out_s1, pairs, top_k, block_m, n0, k_begin,
-                                                       k_end, n, beta, linear_beta, mxfp8, part, err);
+    MOE_MMA_BLOCK(false, false);
   }
+#undef MOE_MMA_BLOCK
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // MXFP4 decoding in registers for the MoE GEMM (ops/moe_gemm.cu), shared with its emulator
 // test (tests/moe_mxfp4.cu): 16-byte chunks of E2M1 codes (low nibble = even element) and their
 // E8M0 block scale to bf16 pairs, bit-exact with kernel_api::formats::Mxfp4Block::dequantize
-// rounded to bf16 (every MXFP4 value is exact in bf16; a NaN scale gives NaNs).
+// rounded to bf16 (every MXFP4 value is exact in bf16; a NaN scale gives NaNs), and the MMA B
+// fragment of a raw staged MXFP4 tile (load_b_mxfp4: the GEMM decodes at fragment load).
 #ifndef K3_OPS_MOE_MXFP4_CUH
 #define K3_OPS_MOE_MXFP4_CUH
 
@@ -20,17 +21,53 @@ K3_DEVICE float e8m0_f32(uint32_t s) {
   return s == 255u ? k3::uint_as_float(0x7fc00000u) : (s == 0u ? k3::uint_as_float(0x00400000u) : k3::uint_as_float(s << 23));
 }
 
-// Eight E2M1 codes (element 0 in the low nibble) times the block scale as four bf16 pairs:
-// e2m1 x 2^(S-127) is exact in f32 and in bf16, so the product's high half is the bf16 value.
+// Two E2M1 codes (the low 8 bits of `byte`, element 0 in the low nibble) times the block scale
+// as a bf16 pair (element 0 in the low half): e2m1 x 2^(S-127) is exact in f32 and in bf16, so
+// the product's high half is the bf16 value.
+K3_DEVICE uint32_t mxfp4_byte_to_bf16x2(uint32_t byte, float s) {
+  const float lo = k3::uint_as_float(e2m1_f32_bits(byte)) * s;
+  const float hi = k3::uint_as_float(e2m1_f32_bits(byte >> 4)) * s;
+  return k3::detail::high_halves(lo, hi);
+}
+
+// Eight E2M1 codes (element 0 in the low nibble) times the block scale as four bf16 pairs.
 K3_DEVICE k3::u32x4 mxfp4_word_to_bf16(uint32_t w, float s) {
   k3::u32x4 o;
-  for (int h = 0; h < 4; ++h) {
-    const uint32_t byte = w >> (8 * h);
-    const float lo = k3::uint_as_float(e2m1_f32_bits(byte)) * s;
-    const float hi = k3::uint_as_float(e2m1_f32_bits(byte >> 4)) * s;
-    o.v[h] = k3::detail::high_halves(lo, hi);
-  }
+  for (int h = 0; h < 4; ++h) o.v[h] = mxfp4_byte_to_bf16x2(w >> (8 * h), s);
   return o;
+}
+
+// Whether the B slots of shape S come in pairs (2i, 2i + 1) of consecutive k, the even k first,
+// in one column: then slot pair i is one code byte.
+template <class S>
+K3_HOST_DEVICE constexpr bool b_slots_pair_k() {
+  for (int lane = 0; lane < S::kWarp; ++lane) {
+    for (int i = 0; i < S::kBSlots; i += 2) {
+      const k3::mma::RC a = S::b(lane, i), b = S::b(lane, i + 1);
+      if (a.row % 2 != 0 || b.row != a.row + 1 || b.col != a.col) return false;
+    }
+  }
+  return true;
+}
+
+// The MMA B fragment at k = kk.. of a weight tile staged raw, decoded at fragment load: B[k][n]
+// = W[n][k], W's row n at codes + n * pitch (byte i: k = 2i in the low nibble, 2i + 1 in the
+// high one), its E8M0 bytes at scales + n * sc_pitch (one per MX block of 32 k). The same bf16
+// values as mxfp4_word_to_bf16 (so the MMA sees the dense twin's operands). kk is a multiple of
+// S::K, so a lane's slots lie in one MX block and share one scale.
+template <class S>
+K3_DEVICE void load_b_mxfp4(k3::mma::FragB<S>& f, const uint8_t* codes, int pitch, const uint8_t* scales,
+                            int sc_pitch, int kk) {
+  static_assert(b_slots_pair_k<S>(), "slot pairs are code bytes");
+  static_assert(32 % S::K == 0, "a fragment lies in one MX block");
+  const k3::mma::RC rc0 = k3::mma::b_coord<S>(0);
+  const float s = e8m0_f32(scales[rc0.col * sc_pitch + (kk + rc0.row) / 32]);
+  for (int i = 0; i < S::kBSlots; i += 2) {
+    const k3::mma::RC rc = k3::mma::b_coord<S>(i);
+    const uint32_t pair = mxfp4_byte_to_bf16x2(codes[rc.col * pitch + (kk + rc.row) / 2], s);
+    f.x[i] = static_cast<uint16_t>(pair);
+    f.x[i + 1] = static_cast<uint16_t>(pair >> 16);
+  }
 }
 
 }  // namespace moe
