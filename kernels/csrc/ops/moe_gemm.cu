@@ -268,8 +268,9 @@ K3_EXPORT(moe_gemm_grouped);
 #else
 #define MOE_MMA_BOUNDS
 #endif
-// The split-k kernel: 3 resident blocks per SM asked for on NVIDIA (<= 168 registers), which the
-// launcher's split count assumes; without it nvcc caps sm_100a/sm_103a at 128 and spills.
+// The split-k kernel: at least 3 resident blocks per SM asked for on NVIDIA (<= 168 registers;
+// the launcher's split count takes the resident blocks per target from a table checked against
+// the resource report, kernels/src/ops/moe_gemm.rs).
 #if K3_TARGET_CUDA
 #define MOE_MMA_SPLIT_BOUNDS __launch_bounds__(128, 3)
 #else

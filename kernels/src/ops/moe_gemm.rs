@@ -11,6 +11,12 @@
 //! FMA kernel: the spec decodes operands exactly to f32, so an f32 operand is never rounded to
 //! bf16. Both kernels take the same arguments and use the same tiles and epilogues.
 //!
+//! The MMA kernels' k loop is a multi-stage pipeline of 64-k steps (see csrc/ops/moe_gemm.cu):
+//! MXFP4 weights stay raw in a 3-step ring and are decoded at MMA-fragment load, bf16 weights
+//! take a 2-step ring, both filled by cp.async on NVIDIA (and by deferred copies in the SIMT
+//! emulator, where a missing wait reads stale data); on AMD the weights go through registers
+//! (MXFP4 two steps ahead, bf16 one: no per-lane asynchronous LDS copy there, k3/async_copy.h).
+//!
 //! Split-k ([`split_k`]): when the served M-blocks x column tiles would leave the card idle
 //! (decode, `block_m` <= 16), `moe_gemm_grouped_m16_splitk_mma` runs on a grid of (M-blocks,
 //! k splits x column tiles), each split writing its raw f32 accumulators to the workspace, and
@@ -23,7 +29,7 @@ use kernel_api::ops::{
     check_workspace, MoeActivationQuant, MoeCombine, MoeCombineArgs, MoeCombineParams, MoeCombinePlan, MoeGemmArgs,
     MoeGemmParams, MoeGemmPlan, MoeGemmStage, MoeGroupedGemm, MoeWeightFormat,
 };
-use kernel_api::{Backend, DType, Error, Layout, Result, TensorRef};
+use kernel_api::{Backend, DType, DeviceInfo, Error, Layout, Result, TensorRef};
 
 const THREADS: u32 = 256;
 /// Warps of the MMA kernel (a 2x2 grid of 32x32 warp tiles).
@@ -36,24 +42,40 @@ const STEP_K: usize = 64;
 /// Most k splits of one GEMM.
 const MAX_SPLITS: usize = 16;
 
+/// Resident blocks per SM / CU of `moe_gemm_grouped_m16_splitk_mma` on the report's targets:
+/// the occupancy that benches/kernel-resources.json derives from the compiled binaries
+/// (registers, shared memory and the card's limits; the unit test below fails when a regenerated
+/// report disagrees). sm_90a: 3 (registers); sm_100a / sm_103a: 4 (registers); gfx942 (MI300X):
+/// 2 (64 KiB of LDS); gfx950 (MI355X): 4 (VGPRs; 160 KiB of LDS). Other devices take their
+/// family's smallest: 3 at warp 32, 2 at warp 64.
+fn splitk_resident_blocks(arch: &str, warp: u32) -> usize {
+    match arch {
+        "sm_90a" => 3,
+        "sm_100a" | "sm_103a" => 4,
+        "gfx942" => 2,
+        "gfx950" => 4,
+        _ if warp == 64 => 2,
+        _ => 3,
+    }
+}
+
 /// Split over k of the 16-row MMA kernel (`block_m` <= 16): (splits, k per split, a multiple
 /// of [`STEP_K`]). At decode sizes the served M-blocks x column tiles leave most of the card idle
 /// (K3 TP8 gate_up at batch 1: 16 x 6 = 96 blocks of 56 k steps on 132 SMs); the k range is then
-/// cut so the grid comes as close as it can to one full wave of resident blocks without
-/// exceeding it: `moe_gemm_grouped_m16_splitk_mma` keeps 3 blocks per SM on sm_90a (140
-/// registers) and 2 per CU on CDNA (shared memory), benches/kernel-resources.md. Served M-blocks
-/// are at most min(pairs, M-blocks) (each holds a pair). Depends on the plan and the device
-/// only, so `workspace_size` and `run` agree.
-fn split_k(plan: &MoeGemmPlan, units: usize, warp: u32) -> (usize, usize) {
+/// cut so the grid comes as close as it can to one full wave of resident blocks
+/// ([`splitk_resident_blocks`] per SM / CU) without exceeding it. Served M-blocks are at most
+/// min(pairs, M-blocks) (each holds a pair). Depends on the plan and the device only, so
+/// `workspace_size` and `run` agree.
+fn split_k(plan: &MoeGemmPlan, info: &DeviceInfo) -> (usize, usize) {
     let p = &plan.params;
     let steps = p.k.div_ceil(STEP_K);
     if p.routing.block_m > 16 {
         return (1, steps * STEP_K);
     }
-    let per_unit = if warp == 64 { 2 } else { 3 };
+    let per_unit = splitk_resident_blocks(&info.arch, info.warp_size);
     let tiles = p.n.div_ceil(TILE_N);
     let blocks = plan.pairs.min(plan.num_blocks).max(1).saturating_mul(tiles);
-    let want = units.saturating_mul(per_unit) / blocks;
+    let want = (info.compute_units as usize).saturating_mul(per_unit) / blocks;
     let most = steps.min(MAX_SPLITS).min(65_535 / tiles.max(1)).max(1);
     let chunk = steps.div_ceil(want.clamp(1, most));
     (steps.div_ceil(chunk), chunk * STEP_K)
@@ -122,7 +144,7 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
     /// splits; sized whenever the MMA kernels could serve the plan (the input dtype and
     /// alignment are only known at `run`, which then leaves the workspace unused).
     fn workspace_size(&self, plan: &MoeGemmPlan) -> usize {
-        let (splits, _) = split_k(plan, self.device_info().compute_units as usize, self.device_info().warp_size);
+        let (splits, _) = split_k(plan, self.device_info());
         if splits <= 1 {
             return 0;
         }
@@ -186,7 +208,7 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         // every 8-element chunk is whole); other layouts take the f32 kernel (never split).
         let vector_rows = p.k % 8 == 0 && rows_16b(in_ptr, inp) && rows_16b(w_ptr, w);
         let mma = uses_mma(p, inp.dtype, w.dtype) && vector_rows;
-        let (splits, k_chunk) = if mma { split_k(plan, self.device_info().compute_units as usize, self.device_info().warp_size) } else { (1, p.k) };
+        let (splits, k_chunk) = if mma { split_k(plan, self.device_info()) } else { (1, p.k) };
         let partial = match (splits > 1, ws.as_deref()) {
             (true, Some(buf)) => self.ptr(buf, &Layout::contiguous(DType::F32, &[0])),
             (true, None) => return Err(Error::invalid("workspace", "the split-k partial sums need the plan's workspace")),
@@ -263,5 +285,32 @@ impl<R: Runtime> MoeCombine for GpuBackend<R> {
         arg(&mut a, to_i32("params.top_k", p.top_k)?);
         arg(&mut a, to_i32("params.hidden", p.hidden)?);
         self.launch("moe_combine_sum", LaunchConfig::new(blocks_for(p.tokens, 1), THREADS, 0), &mut a, stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::splitk_resident_blocks;
+
+    /// The table agrees with the resource report (benches/kernel-resources.json, regenerated
+    /// from the binaries by `k3-kernel-report --write`): every K3 launch of the split kernel
+    /// there has the resident blocks the table gives its target.
+    #[test]
+    fn splitk_resident_blocks_match_the_report() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/kernel-resources.json");
+        let report = std::fs::read_to_string(path).expect("benches/kernel-resources.json");
+        let field = |line: &str, key: &str| -> Option<String> {
+            let rest = &line[line.find(&format!("\"{key}\":"))? + key.len() + 3..];
+            Some(rest[..rest.find([',', '}'])?].trim_matches('"').to_string())
+        };
+        let mut seen = 0;
+        for line in report.lines().filter(|l| l.contains("\"kernel\":\"moe_gemm_grouped_m16_splitk_mma\"")) {
+            let Some(resident) = field(line, "resident_blocks") else { continue };
+            let target = field(line, "target").expect("target");
+            let warp = if target.starts_with("gfx") { 64 } else { 32 };
+            assert_eq!(resident.parse::<usize>().ok(), Some(splitk_resident_blocks(&target, warp)), "{target}: {line}");
+            seen += 1;
+        }
+        assert!(seen >= 5, "launches of the split kernel on the five report targets, found {seen}");
     }
 }
