@@ -250,8 +250,17 @@ impl<R: Runtime> GpuBackend<R> {
         Self::kda_push_gate_scalars(&mut a, p);
         arg(&mut a, to_i32("params.batch", p.batch)?);
         self.push_checks(&mut a, stream)?;
-        let smem = 4 * (3 * p.head_k + p.head_v) as u32; // q | k | v and α (sizes bounded by split_shapes)
-        self.launch("kda_decode_prepare", LaunchConfig::new(rows, THREADS, smem), &mut a, stream)?;
+        // q | k | v and α; the 16-byte kernel also stages the head's x and conv history.
+        let head = 4 * (3 * p.head_k + p.head_v);
+        let staged = head + 4 * (2 * p.head_k + p.head_v) * p.conv_width;
+        let vec_out = vec8(self.ptr(&*args.out.buf, &args.out.layout), &args.out.layout.strides[..2]);
+        let fits = staged + STATIC_SHARED <= self.device_info().shared_mem_per_block;
+        let (prepare, smem) = if vec_out && fits && self.kda_vector_inputs(p, args) {
+            ("kda_decode_prepare", staged)
+        } else {
+            ("kda_decode_prepare_unaligned", head)
+        };
+        self.launch(prepare, LaunchConfig::new(rows, THREADS, smem as u32), &mut a, stream)?;
         // 2. the delta rule on the state slices.
         let col_vecs = p.head_v / 4;
         let vecs = split_vecs(rows as usize, col_vecs, self.device_info().compute_units as usize);
@@ -283,8 +292,36 @@ impl<R: Runtime> GpuBackend<R> {
         self.kda_push_out(&mut a, args);
         push_dims(&mut a, p)?;
         arg(&mut a, eps);
-        self.launch("kda_decode_norm", LaunchConfig::new(rows, THREADS, 0), &mut a, stream)
+        let vec_norm = vec_out
+            && args.output_gate.as_ref().is_some_and(|g| vec8(self.ptr(g.buf, &g.layout), &g.layout.strides[..2]))
+            && args.norm_weight.as_ref().is_some_and(|n| n.layout.strides[0] == 1 && vec8(self.ptr(n.buf, &n.layout), &[]));
+        let norm = if vec_norm { "kda_decode_norm" } else { "kda_decode_norm_unaligned" };
+        self.launch(norm, LaunchConfig::new(rows, THREADS, 0), &mut a, stream)
     }
+
+    /// Whether `kda_decode_prepare` (16-byte vectors) may read the head inputs: K and V multiples
+    /// of 8, and x, g_raw, the conv weights, the conv pool and dt_bias laid out so that every
+    /// head's run of channels starts 16-byte aligned (`kda_decode_head_inputs<true>`); else
+    /// `kda_decode_prepare_unaligned`. K3's tensors (contiguous, fresh allocations) qualify.
+    fn kda_vector_inputs(&self, p: &KdaDecodeParams, args: &KdaDecodeArgs<'_, Self>) -> bool {
+        let (x, g) = (&args.x_qkv.layout, &args.g_raw.layout);
+        let (cw, cs, w) = (&args.conv_weight.layout, &args.conv_state.layout, p.conv_width);
+        let dt_bias = args.dt_bias.as_ref().filter(|_| p.gate.uses_gate_params());
+        p.head_k % 8 == 0
+            && p.head_v % 8 == 0
+            && vec8(self.ptr(args.x_qkv.buf, x), &x.strides[..1])
+            && vec8(self.ptr(args.g_raw.buf, g), &g.strides[..2])
+            && cw.strides[..] == [w, 1]
+            && vec8(self.ptr(args.conv_weight.buf, cw), &[])
+            && (w == 1 || cs.strides[1..] == [w - 1, 1] && vec8(self.ptr(&*args.conv_state.buf, cs), &cs.strides[..1]))
+            && dt_bias.is_none_or(|t| t.layout.strides[0] == 1 && vec8(self.ptr(t.buf, &t.layout), &[]))
+    }
+}
+
+/// Whether a tensor takes vectors of 8 elements (16 bytes of bf16, two 16-byte f32 halves):
+/// its address 16-byte aligned and the given strides (in elements) multiples of 8.
+fn vec8(ptr: DevicePtr, strides: &[usize]) -> bool {
+    ptr.0 % 16 == 0 && strides.iter().all(|s| s % 8 == 0)
 }
 
 /// Whether the output goes through the gated RMSNorm, and its epsilon.
