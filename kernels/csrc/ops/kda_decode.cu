@@ -26,6 +26,11 @@
 //  - kda_decode_generic_step (every other layout and dtype): one block per (row, head) runs all
 //    five steps, streaming the state through shared memory in chunks of kChunk value columns.
 //
+// prepare, norm and generic each come in a 16-byte form (the names above: head inputs, conv
+// history, output gate, norm weight, outputs and generic's state move as 16-byte vectors of 8
+// elements) and an *_unaligned twin, element by element, for any layout the contract allows;
+// the launcher picks the 16-byte form for K, V multiples of 8 and packed, aligned tensors.
+//
 // Slot 0 is the null slot: the output row is zeros and neither pool is touched. The device slot
 // is checked (k3/checks.h): outside [0, slots) it is reported and neither pool is touched (the
 // output row is left as it was); the head-0 block of a row also looks for its slot in the other
@@ -54,14 +59,17 @@ constexpr int kWsHeader = 4;
 // x, g, β, the conv and recurrent states and out are f32 or bf16 (KdaDecodePlan::check_args):
 // the generic and prepare kernels load and store them two ways instead of through
 // k3::load_f32's switch over every dtype, whose extra paths held enough uniform values to spill
-// SGPRs into VGPR lanes on gfx942/gfx950. (kda_decode_norm keeps k3::load_f32: nvcc unrolled its
-// loop with the two-way form, 48 registers instead of 32.)
+// SGPRs into VGPR lanes on gfx942/gfx950. (kda_decode_norm_unaligned keeps k3::load_f32: nvcc
+// unrolled its loop with the two-way form, 48 registers instead of 32.) bf16 widens by a shift
+// and narrows through the hardware conversion of k3/convert_hw.h (the low half of a packed
+// pair), not the software rounding of k3/convert.h (same results; NaN bits are the target's).
 K3_DEVICE float kda_decode_load(const void* p, int dt, int64_t i) {
-  return dt == k3::kBF16 ? k3::bf16_to_f32(k3::bf16{static_cast<const uint16_t*>(p)[i]}) : static_cast<const float*>(p)[i];
+  return dt == k3::kBF16 ? k3::uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16)
+                         : static_cast<const float*>(p)[i];
 }
 K3_DEVICE void kda_decode_store(void* p, int dt, int64_t i, float v) {
   if (dt == k3::kBF16) {
-    static_cast<uint16_t*>(p)[i] = k3::f32_to_bf16(v).bits;
+    static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(k3::pack_bf16x2_rn(v, 0.0f));
   } else {
     static_cast<float*>(p)[i] = v;
   }
@@ -72,14 +80,16 @@ K3_DEVICE void kda_decode_store(void* p, int dt, int64_t i, float v) {
 // widens to f32 exactly by a shift (no conversion instruction exists or is needed).
 struct KdaDecodeF32x8 {
   k3::f32x4 q[2];
+  K3_DEVICE float& operator[](int t) { return q[t >> 2].v[t & 3]; }
+  K3_DEVICE float operator[](int t) const { return q[t >> 2].v[t & 3]; }
 };
 K3_DEVICE KdaDecodeF32x8 kda_decode_load8(const void* p, int dt, int64_t i) {
   KdaDecodeF32x8 r;
   if (dt == k3::kBF16) {
     const k3::u32x4 w = k3::load_16b(static_cast<const uint16_t*>(p) + i);
     for (int c = 0; c < 4; ++c) {
-      r.q[c / 2].v[2 * (c % 2)] = k3::uint_as_float(w.v[c] << 16);
-      r.q[c / 2].v[2 * (c % 2) + 1] = k3::uint_as_float(w.v[c] & 0xffff0000u);
+      r[2 * c] = k3::uint_as_float(w.v[c] << 16);
+      r[2 * c + 1] = k3::uint_as_float(w.v[c] & 0xffff0000u);
     }
   } else {
     r.q[0] = k3::load_f32x4(static_cast<const float*>(p) + i);
@@ -92,7 +102,7 @@ K3_DEVICE KdaDecodeF32x8 kda_decode_load8(const void* p, int dt, int64_t i) {
 K3_DEVICE void kda_decode_store8(void* p, int dt, int64_t i, const KdaDecodeF32x8& x) {
   if (dt == k3::kBF16) {
     k3::u32x4 w;
-    for (int c = 0; c < 4; ++c) w.v[c] = k3::pack_bf16x2_rn(x.q[c / 2].v[2 * (c % 2)], x.q[c / 2].v[2 * (c % 2) + 1]);
+    for (int c = 0; c < 4; ++c) w.v[c] = k3::pack_bf16x2_rn(x[2 * c], x[2 * c + 1]);
     k3::store_16b(static_cast<uint16_t*>(p) + i, w);
   } else {
     k3::store_f32x4(static_cast<float*>(p) + i, x.q[0]);
@@ -271,7 +281,7 @@ K3_NO_UNROLL
       const KdaDecodeF32x8 f = kda_decode_load8(g_raw, g_dt, b * g_s0 + h * g_s1 + i);
       const k3::f32x4 zero = {{0.0f, 0.0f, 0.0f, 0.0f}};
       const KdaDecodeF32x8 bias = dt_bias != nullptr ? kda_decode_load8(dt_bias, k3::kF32, h * K + i) : KdaDecodeF32x8{{zero, zero}};
-      for (int c = 0; c < 8; ++c) alpha[i + c] = kda_decode_decay(f.q[c / 4].v[c % 4], bias.q[c / 4].v[c % 4], gate_mode, lower_bound, a_exp);
+      for (int c = 0; c < 8; ++c) alpha[i + c] = kda_decode_decay(f[c], bias[c], gate_mode, lower_bound, a_exp);
     }
   } else {
     for (int i = tid; i < K; i += kThreads) {
@@ -309,15 +319,26 @@ K3_DEVICE bool kda_decode_claim_slot(const int32_t* state_indices, int64_t si_s0
   return true;
 }
 
-K3_KERNEL void kda_decode_generic_step(
-    KDA_DECODE_INPUT_PARAMS,
-    const int32_t* state_indices, int64_t si_s0,                             // [B]
-    void* state, int st_dt, int64_t st_slot, int64_t st_head, int64_t st_k, int64_t st_v, int k_fast,
-    const void* out_gate, int og_dt, int64_t og_s0, int64_t og_s1,           // [B, H, V] or null
-    const float* norm_w, int64_t nw_s0,                                      // [V] or null
-    void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V]
-    int heads, int head_k, int head_v, int width, int slots, KDA_DECODE_GATE_PARAMS, int gated_norm, float norm_eps,
-    int batch, k3::ErrorRecord* err) {
+// One block per (row, head), all five steps. kda_decode_generic_step (kVec) moves the head
+// inputs as kda_decode_prepare does, the state 8 elements at a time along its unit-stride dim
+// and the output gate, norm weight and outputs 8 columns at a time, all in 16-byte vectors (the
+// launcher checks K, V multiples of 8, the state's fast dim unit-stride, its other strides
+// multiples of 8 elements, and the inputs' and outputs' conditions);
+// kda_decode_generic_step_unaligned takes any layout the contract allows, element by element.
+#define KDA_DECODE_GENERIC_PARAMS                                                                                 \
+  KDA_DECODE_INPUT_PARAMS, const int32_t *state_indices, int64_t si_s0, /* [B] */                                 \
+      void *state, int st_dt, int64_t st_slot, int64_t st_head, int64_t st_k, int64_t st_v, int k_fast,          \
+      const void *out_gate, int og_dt, int64_t og_s0, int64_t og_s1, /* [B, H, V] or null */                      \
+      const float *norm_w, int64_t nw_s0,                            /* [V] or null */                            \
+      void *out, int out_dt, int64_t out_s0, int64_t out_s1,         /* [B, H, V] */                              \
+      int heads, int head_k, int head_v, int width, int slots, KDA_DECODE_GATE_PARAMS, int gated_norm, float norm_eps, \
+      int batch, k3::ErrorRecord *err
+#define KDA_DECODE_GENERIC_ARGS                                                                                      \
+  KDA_DECODE_INPUT_ARGS, state_indices, si_s0, state, st_dt, st_slot, st_head, st_k, st_v, k_fast, out_gate, og_dt, \
+      og_s0, og_s1, norm_w, nw_s0, out, out_dt, out_s0, out_s1, heads, head_k, head_v, width, slots,               \
+      KDA_DECODE_GATE_ARGS, gated_norm, norm_eps, batch, err
+template <bool kVec>
+K3_AMD_INLINE K3_DEVICE void kda_decode_generic_body(KDA_DECODE_GENERIC_PARAMS) {
   using namespace kda_decode_fused;
   const int row = static_cast<int>(k3::block_idx_x());
   const int b = row / heads;
@@ -334,11 +355,12 @@ K3_KERNEL void kda_decode_generic_step(
   float* alpha = u + 2 * K + V;            // [K] decay factors
   float* o = alpha + K;                    // [V] o = Sᵀq
   float* tile = o + V;                     // [K][kTileStride] one chunk of the state
+  float* stage = tile + K * kTileStride;   // kVec: [(2K + V)·W] conv history and x
   K3_SHARED(float, red, [3][kWarps]);
 
   KdaDecodeHeadScalars hs{0.0f, 0.0f, 0.0f};
-  if (live_row) hs = kda_decode_head_inputs<false>(
-      KDA_DECODE_INPUT_ARGS, b, h, slot, heads, K, V, width, KDA_DECODE_GATE_ARGS, u, alpha, red[0], nullptr);
+  if (live_row) hs = kda_decode_head_inputs<kVec>(
+      KDA_DECODE_INPUT_ARGS, b, h, slot, heads, K, V, width, KDA_DECODE_GATE_ARGS, u, alpha, red[0], stage);
   const float beta = hs.beta, q_mul = hs.q_mul, k_mul = hs.k_mul;
 
   // 4. Delta rule, kChunk value columns at a time.
@@ -349,15 +371,29 @@ K3_KERNEL void kda_decode_generic_step(
   // Tile element e = tid + n·kThreads is (fast, slow) = (e % fast, e / fast), fast along the
   // state's closer-to-contiguous dim; both advance by constant steps, so the tile loops divide
   // once per kernel, not per element. They stay rolled: unrolled, nvcc used 95 registers (48).
+  // kVec: a thread's element is the first of 8 consecutive ones along the fast dim.
   const int fast = k_fast ? K : kChunk;
-  const int d_fast = kThreads % fast, d_slow = kThreads / fast;
-  const int f0 = tid % fast, s0 = tid / fast;
+  constexpr int kRun = kVec ? 8 : 1;
+  const int d_fast = kRun * kThreads % fast, d_slow = kRun * kThreads / fast;
+  const int f0 = kRun * tid % fast, s0 = kRun * tid / fast;
   for (int j0 = 0; live_row && j0 < V; j0 += kChunk) {
     // Coalesced load with the decay applied: consecutive threads walk the contiguous dim.
 K3_NO_UNROLL
-    for (int e = tid, f = f0, sl = s0; e < tile_elems; e += kThreads) {
+    for (int e = kRun * tid, f = f0, sl = s0; e < tile_elems; e += kRun * kThreads) {
       const int i = k_fast ? f : sl, c = k_fast ? sl : f;
-      if (j0 + c < V) tile[i * kTileStride + c] = alpha[i] * kda_decode_load(state, st_dt, s_base + i * st_k + (j0 + c) * st_v);
+      const int64_t at = s_base + i * st_k + (j0 + c) * st_v;
+      if constexpr (kVec) {
+        // V is a multiple of 8: a run along v is live or dead as a whole.
+        if (j0 + c < V) {
+          const KdaDecodeF32x8 x = kda_decode_load8(state, st_dt, at);
+          for (int t = 0; t < 8; ++t) {
+            if (k_fast) tile[(i + t) * kTileStride + c] = alpha[i + t] * x[t];
+            else tile[i * kTileStride + c + t] = alpha[i] * x[t];
+          }
+        }
+      } else {
+        if (j0 + c < V) tile[i * kTileStride + c] = alpha[i] * kda_decode_load(state, st_dt, at);
+      }
       f += d_fast;
       sl += d_slow + (f >= fast);
       f -= f >= fast ? fast : 0;
@@ -383,9 +419,18 @@ K3_NO_UNROLL
     if (live && lane_k == 0) o[j] = qs;
     k3::sync_threads();
 K3_NO_UNROLL
-    for (int e = tid, f = f0, sl = s0; e < tile_elems; e += kThreads) {
+    for (int e = kRun * tid, f = f0, sl = s0; e < tile_elems; e += kRun * kThreads) {
       const int i = k_fast ? f : sl, c = k_fast ? sl : f;
-      if (j0 + c < V) kda_decode_store(state, st_dt, s_base + i * st_k + (j0 + c) * st_v, tile[i * kTileStride + c]);
+      const int64_t at = s_base + i * st_k + (j0 + c) * st_v;
+      if constexpr (kVec) {
+        if (j0 + c < V) {
+          KdaDecodeF32x8 x;
+          for (int t = 0; t < 8; ++t) x[t] = k_fast ? tile[(i + t) * kTileStride + c] : tile[i * kTileStride + c + t];
+          kda_decode_store8(state, st_dt, at, x);
+        }
+      } else {
+        if (j0 + c < V) kda_decode_store(state, st_dt, at, tile[i * kTileStride + c]);
+      }
       f += d_fast;
       sl += d_slow + (f >= fast);
       f -= f >= fast ? fast : 0;
@@ -401,17 +446,35 @@ K3_NO_UNROLL
     ss = kda_decode_block_sum(ss, red[2]);
     inv_rms = 1.0f / k3::sqrt_f32(ss / static_cast<float>(V) + norm_eps);
   }
-  const int64_t out_row = b * out_s0 + h * out_s1;
-  for (int jv = tid; jv < V; jv += kThreads) {
-    float y = live_row ? o[jv] : 0.0f;
-    if (gated_norm && live_row) {
-      const float gate = kda_decode_load(out_gate, og_dt, b * og_s0 + h * og_s1 + jv);
-      y = norm_w[jv * nw_s0] * y * inv_rms * k3::sigmoid_f32(gate);
+  const int64_t out_row = b * out_s0 + h * out_s1, og_row = b * og_s0 + h * og_s1;
+  if constexpr (kVec) {
+    for (int jv = 8 * tid; jv < V; jv += 8 * kThreads) {
+      KdaDecodeF32x8 y;
+      for (int t = 0; t < 8; ++t) y[t] = live_row ? o[jv + t] : 0.0f;
+      if (gated_norm && live_row) {
+        const KdaDecodeF32x8 gate = kda_decode_load8(out_gate, og_dt, og_row + jv);
+        const KdaDecodeF32x8 nw = kda_decode_load8(norm_w, k3::kF32, jv);
+        for (int t = 0; t < 8; ++t) y[t] = nw[t] * y[t] * inv_rms * k3::sigmoid_f32(gate[t]);
+      }
+      kda_decode_store8(out, out_dt, out_row + jv, y);
     }
-    kda_decode_store(out, out_dt, out_row + jv, y);
+  } else {
+    for (int jv = tid; jv < V; jv += kThreads) {
+      float y = live_row ? o[jv] : 0.0f;
+      if (gated_norm && live_row) {
+        const float gate = kda_decode_load(out_gate, og_dt, og_row + jv);
+        y = norm_w[jv * nw_s0] * y * inv_rms * k3::sigmoid_f32(gate);
+      }
+      kda_decode_store(out, out_dt, out_row + jv, y);
+    }
   }
 }
+K3_KERNEL void kda_decode_generic_step(KDA_DECODE_GENERIC_PARAMS) { kda_decode_generic_body<true>(KDA_DECODE_GENERIC_ARGS); }
 K3_EXPORT(kda_decode_generic_step);
+K3_KERNEL void kda_decode_generic_step_unaligned(KDA_DECODE_GENERIC_PARAMS) {
+  kda_decode_generic_body<false>(KDA_DECODE_GENERIC_ARGS);
+}
+K3_EXPORT(kda_decode_generic_step_unaligned);
 
 // V-split, launch 1 of 3: steps 1–3 of one (row, head) into its workspace row `ws + row·ws_row`.
 // kda_decode_prepare moves the head's inputs, conv history and (null rows) outputs in 16-byte
@@ -492,6 +555,8 @@ K3_AMD_INLINE K3_DEVICE void kda_decode_store4(void* out, int out_dt, int64_t i,
       return;
     }
   }
+  // (k3::store_f32 here, not kda_decode_store: with the latter nvcc took kda_decode_norm_unaligned
+  // from 32 to 52 registers on sm_90a.)
   for (int c = 0; c < 4; ++c) k3::store_f32(out, out_dt, i + c, y.v[c]);
 }
 
@@ -632,8 +697,7 @@ K3_AMD_INLINE K3_DEVICE void kda_decode_norm_body(KDA_DECODE_NORM_PARAMS) {
       const KdaDecodeF32x8 gate = kda_decode_load8(out_gate, og_dt, og + j);
       const KdaDecodeF32x8 nw = kda_decode_load8(norm_w, k3::kF32, j);
       for (int c = 0; c < 8; ++c) {
-        float& yc = y.q[c / 4].v[c % 4];
-        yc = nw.q[c / 4].v[c % 4] * yc * inv_rms * k3::sigmoid_f32(gate.q[c / 4].v[c % 4]);
+        y[c] = nw[c] * y[c] * inv_rms * k3::sigmoid_f32(gate[c]);
       }
       kda_decode_store8(out, out_dt, ob + j, y);
     }

@@ -9,6 +9,12 @@
 //!   column vectors of a head) that still gives 4 blocks per SM / CU of the device.
 //! - Otherwise `kda_decode_generic_step`: one block of [`THREADS`] per (row, head), the state
 //!   streamed through a shared-memory tile of K × [`CHUNK`] f32.
+//!
+//! prepare, norm and generic each have a 16-byte form (the names above: inputs, conv history,
+//! output gate, norm weight, outputs and, in generic, the state move as 16-byte vectors of 8
+//! elements) and an `*_unaligned` twin that takes any layout the contract allows. The host picks
+//! the 16-byte form when K and V are multiples of 8 and the tensors are packed and aligned
+//! ([`vec8`], `kda_vector_inputs`, `kda_vector_outputs`), as K3's are.
 
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
 use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
@@ -222,9 +228,19 @@ impl<R: Runtime> GpuBackend<R> {
         self.push_checks(&mut a, stream)?;
         let blocks = rows_of(p)?;
         let smem = shared_bytes(p).unwrap_or(usize::MAX);
+        // The 16-byte kernel also stages the head's x and conv history ((2K+V)·W f32).
+        let staged = smem.saturating_add(4 * (2 * p.head_k + p.head_v) * p.conv_width);
+        let (fast, rest) = if st_k < st_v { (st_k, [st.strides[0], st.strides[1], st_v]) } else { (st_v, [st.strides[0], st.strides[1], st_k]) };
+        let vector = fast == 1
+            && vec8(st_ptr, &rest)
+            && staged.saturating_add(STATIC_SHARED) <= self.device_info().shared_mem_per_block
+            && self.kda_vector_outputs(args, gated)
+            && self.kda_vector_inputs(p, args);
+        let (kernel, smem) =
+            if vector { ("kda_decode_generic_step", staged) } else { ("kda_decode_generic_step_unaligned", smem) };
         let smem = u32::try_from(smem)
             .map_err(|_| kernel_api::Error::unsupported("params.head_k", "shared tile too large"))?;
-        self.launch("kda_decode_generic_step", LaunchConfig::new(blocks, THREADS, smem), &mut a, stream)
+        self.launch(kernel, LaunchConfig::new(blocks, THREADS, smem), &mut a, stream)
     }
 
     fn kda_run_split(
@@ -253,9 +269,8 @@ impl<R: Runtime> GpuBackend<R> {
         // q | k | v and α; the 16-byte kernel also stages the head's x and conv history.
         let head = 4 * (3 * p.head_k + p.head_v);
         let staged = head + 4 * (2 * p.head_k + p.head_v) * p.conv_width;
-        let vec_out = vec8(self.ptr(&*args.out.buf, &args.out.layout), &args.out.layout.strides[..2]);
         let fits = staged + STATIC_SHARED <= self.device_info().shared_mem_per_block;
-        let (prepare, smem) = if vec_out && fits && self.kda_vector_inputs(p, args) {
+        let (prepare, smem) = if fits && self.kda_vector_outputs(args, false) && self.kda_vector_inputs(p, args) {
             ("kda_decode_prepare", staged)
         } else {
             ("kda_decode_prepare_unaligned", head)
@@ -292,17 +307,24 @@ impl<R: Runtime> GpuBackend<R> {
         self.kda_push_out(&mut a, args);
         push_dims(&mut a, p)?;
         arg(&mut a, eps);
-        let vec_norm = vec_out
-            && args.output_gate.as_ref().is_some_and(|g| vec8(self.ptr(g.buf, &g.layout), &g.layout.strides[..2]))
-            && args.norm_weight.as_ref().is_some_and(|n| n.layout.strides[0] == 1 && vec8(self.ptr(n.buf, &n.layout), &[]));
-        let norm = if vec_norm { "kda_decode_norm" } else { "kda_decode_norm_unaligned" };
+        let norm = if self.kda_vector_outputs(args, true) { "kda_decode_norm" } else { "kda_decode_norm_unaligned" };
         self.launch(norm, LaunchConfig::new(rows, THREADS, 0), &mut a, stream)
     }
 
-    /// Whether `kda_decode_prepare` (16-byte vectors) may read the head inputs: K and V multiples
-    /// of 8, and x, g_raw, the conv weights, the conv pool and dt_bias laid out so that every
-    /// head's run of channels starts 16-byte aligned (`kda_decode_head_inputs<true>`); else
-    /// `kda_decode_prepare_unaligned`. K3's tensors (contiguous, fresh allocations) qualify.
+    /// Whether `out` (and with `gated`, the output gate and norm weight) take 8-column vectors:
+    /// 16-byte aligned rows (strides multiples of 8 elements), a unit-stride aligned norm weight.
+    fn kda_vector_outputs(&self, args: &KdaDecodeArgs<'_, Self>, gated: bool) -> bool {
+        let out = &args.out.layout;
+        vec8(self.ptr(&*args.out.buf, out), &out.strides[..2])
+            && (!gated
+                || args.output_gate.as_ref().is_some_and(|g| vec8(self.ptr(g.buf, &g.layout), &g.layout.strides[..2]))
+                    && args.norm_weight.as_ref().is_some_and(|n| n.layout.strides[0] == 1 && vec8(self.ptr(n.buf, &n.layout), &[])))
+    }
+
+    /// Whether the 16-byte kernels (`kda_decode_prepare`, `kda_decode_generic_step`) may read
+    /// the head inputs: K and V multiples of 8, and x, g_raw, the conv weights, the conv pool
+    /// and dt_bias laid out so that every head's run of channels starts 16-byte aligned
+    /// (`kda_decode_head_inputs<true>`). K3's tensors (contiguous, fresh allocations) qualify.
     fn kda_vector_inputs(&self, p: &KdaDecodeParams, args: &KdaDecodeArgs<'_, Self>) -> bool {
         let (x, g) = (&args.x_qkv.layout, &args.g_raw.layout);
         let (cw, cs, w) = (&args.conv_weight.layout, &args.conv_state.layout, p.conv_width);
