@@ -199,8 +199,8 @@ struct KdaDecodeHeadScalars {
 // scratch stack (kda_decode_head_inputs on gfx942: 264 B, 126 scratch loads/stores, 54 AGPRs).
 
 // Steps 1–3 for the head of one block (all threads call it; it ends behind a barrier).
-// kVec (the 16-byte kernels; the launcher checks the conditions, kernels/src/ops/kda_decode.rs
-// vector_inputs): K and V multiples of 8; x, g_raw, the conv pool, the conv weights and dt_bias
+// kVec (the 16-byte kernels; the launcher checks the conditions, kda_vector_inputs in
+// kernels/src/ops/kda_decode.rs): K and V multiples of 8; x, g_raw, the conv pool, the conv weights and dt_bias
 // 16-byte aligned with every head's run of channels starting on a 16-byte boundary (row strides
 // multiples of 8 elements, conv weights [D, W] and the pool's [D, W-1] packed, dt_bias unit
 // stride). The head's x and conv history then move through `stage` (shared, (2K+V)·W floats)
