@@ -508,7 +508,7 @@ pub fn kda_decode_matches_oracle<B: Backend + KdaDecode>(b: &B) {
                 m.dt_bias = None;
             }
             let mut st = Storage::random(&mut rng);
-            if n % 2 == 0 {
+            if n.is_multiple_of(2) {
                 // Packed inputs and pools: GPU backends take their 16-byte kernels when K and V
                 // are multiples of 8 (x_pad, transposed conv storage and weights take the others).
                 (st.x_pad, st.sd_conv, st.wd_weight) = (0, false, false);

@@ -229,8 +229,9 @@ impl<R: Runtime> GpuBackend<R> {
         let blocks = rows_of(p)?;
         let smem = shared_bytes(p).unwrap_or(usize::MAX);
         // The 16-byte kernel also stages the head's x and conv history ((2K+V)·W f32).
-        let staged = smem.saturating_add(4 * (2 * p.head_k + p.head_v) * p.conv_width);
-        let (fast, rest) = if st_k < st_v { (st_k, [st.strides[0], st.strides[1], st_v]) } else { (st_v, [st.strides[0], st.strides[1], st_k]) };
+        let staged = smem.saturating_add(staged_bytes(p));
+        let (fast, slow) = if st_k < st_v { (st_k, st_v) } else { (st_v, st_k) };
+        let rest = [st.strides[0], st.strides[1], slow];
         let vector = fast == 1
             && vec8(st_ptr, &rest)
             && staged.saturating_add(STATIC_SHARED) <= self.device_info().shared_mem_per_block
@@ -268,8 +269,8 @@ impl<R: Runtime> GpuBackend<R> {
         self.push_checks(&mut a, stream)?;
         // q | k | v and α; the 16-byte kernel also stages the head's x and conv history.
         let head = 4 * (3 * p.head_k + p.head_v);
-        let staged = head + 4 * (2 * p.head_k + p.head_v) * p.conv_width;
-        let fits = staged + STATIC_SHARED <= self.device_info().shared_mem_per_block;
+        let staged = head.saturating_add(staged_bytes(p));
+        let fits = staged.saturating_add(STATIC_SHARED) <= self.device_info().shared_mem_per_block;
         let (prepare, smem) = if fits && self.kda_vector_outputs(args, false) && self.kda_vector_inputs(p, args) {
             ("kda_decode_prepare", staged)
         } else {
@@ -315,10 +316,10 @@ impl<R: Runtime> GpuBackend<R> {
     /// 16-byte aligned rows (strides multiples of 8 elements), a unit-stride aligned norm weight.
     fn kda_vector_outputs(&self, args: &KdaDecodeArgs<'_, Self>, gated: bool) -> bool {
         let out = &args.out.layout;
+        let gate_ok = |g: &TensorRef<'_, Self>| vec8(self.ptr(g.buf, &g.layout), &g.layout.strides[..2]);
+        let weight_ok = |n: &TensorRef<'_, Self>| n.layout.strides[0] == 1 && vec8(self.ptr(n.buf, &n.layout), &[]);
         vec8(self.ptr(&*args.out.buf, out), &out.strides[..2])
-            && (!gated
-                || args.output_gate.as_ref().is_some_and(|g| vec8(self.ptr(g.buf, &g.layout), &g.layout.strides[..2]))
-                    && args.norm_weight.as_ref().is_some_and(|n| n.layout.strides[0] == 1 && vec8(self.ptr(n.buf, &n.layout), &[])))
+            && (!gated || args.output_gate.as_ref().is_some_and(gate_ok) && args.norm_weight.as_ref().is_some_and(weight_ok))
     }
 
     /// Whether the 16-byte kernels (`kda_decode_prepare`, `kda_decode_generic_step`) may read
@@ -329,8 +330,8 @@ impl<R: Runtime> GpuBackend<R> {
         let (x, g) = (&args.x_qkv.layout, &args.g_raw.layout);
         let (cw, cs, w) = (&args.conv_weight.layout, &args.conv_state.layout, p.conv_width);
         let dt_bias = args.dt_bias.as_ref().filter(|_| p.gate.uses_gate_params());
-        p.head_k % 8 == 0
-            && p.head_v % 8 == 0
+        p.head_k.is_multiple_of(8)
+            && p.head_v.is_multiple_of(8)
             && vec8(self.ptr(args.x_qkv.buf, x), &x.strides[..1])
             && vec8(self.ptr(args.g_raw.buf, g), &g.strides[..2])
             && cw.strides[..] == [w, 1]
@@ -340,10 +341,16 @@ impl<R: Runtime> GpuBackend<R> {
     }
 }
 
+/// Shared bytes the 16-byte prepare and generic kernels add for the head's conv history and x:
+/// (2K + V)·W f32 (saturating: a width the device cannot hold picks the `*_unaligned` kernel).
+fn staged_bytes(p: &KdaDecodeParams) -> usize {
+    (2 * p.head_k + p.head_v).saturating_mul(p.conv_width).saturating_mul(4)
+}
+
 /// Whether a tensor takes vectors of 8 elements (16 bytes of bf16, two 16-byte f32 halves):
 /// its address 16-byte aligned and the given strides (in elements) multiples of 8.
 fn vec8(ptr: DevicePtr, strides: &[usize]) -> bool {
-    ptr.0 % 16 == 0 && strides.iter().all(|s| s % 8 == 0)
+    ptr.0.is_multiple_of(16) && strides.iter().all(|s| s.is_multiple_of(8))
 }
 
 /// Whether the output goes through the gated RMSNorm, and its epsilon.
