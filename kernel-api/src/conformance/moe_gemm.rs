@@ -371,7 +371,14 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// order), and bumping one scale byte changes the output.
 pub fn moe_gemm_mxfp4_equals_bf16_twin<B: Backend + MoeAlign + MoeGroupedGemm + MoeCombine>(b: &B) {
     let mut rng = TestRng::new(53);
-    for c in [cfg(6, 64, 32, 4, 2, 4), Cfg { act_dt: DType::BF16, out_dt: DType::BF16, ..cfg(5, 32, 32, 3, 3, 2) }] {
+    // The last two run many k steps in one block (gate/up k = 512: 8 steps of 64, down k = 256),
+    // so the GPU kernels' weight rings wrap around several times: 16-row and 64-row chunks.
+    for c in [
+        cfg(6, 64, 32, 4, 2, 4),
+        Cfg { act_dt: DType::BF16, out_dt: DType::BF16, ..cfg(5, 32, 32, 3, 3, 2) },
+        Cfg { act_dt: DType::BF16, ..cfg(8, 512, 256, 4, 2, 4) },
+        Cfg { act_dt: DType::BF16, ..cfg(8, 512, 64, 2, 2, 32) },
+    ] {
         let mut pr = make_problem(&mut rng, &c, MoeWeightFormat::Mxfp4);
         let (act4, y4, out4) = check_pipeline(b, &pr, MoeWeightFormat::Mxfp4, "mxfp4");
         let (act16, y16, out16) = check_pipeline(b, &pr, MoeWeightFormat::Dense, "bf16 twin");
