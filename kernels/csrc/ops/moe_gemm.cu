@@ -372,6 +372,23 @@ MOE_INLINE K3_DEVICE void moe_mma_issue_a(k3::AsyncCopy<kMaxPending>& cp, MoeMma
   cp.copy_16b_or_zero(dst, ok ? in + in_row * in_s0 + kc : in, ok);
 }
 
+// Weight chunk q of a step (kPerRow chunks of kChunkK k per tile row): its tile row, the weight
+// row it reads (the gate rows, then the up rows at n + j), its first k, and whether it lies in
+// the tile, below n and below k_end.
+struct MoeWChunk {
+  int lr;
+  int64_t row;
+  int kc;
+  bool ok;
+};
+template <int kWRows, int kPerRow, int kChunkK>
+MOE_INLINE K3_DEVICE MoeWChunk moe_w_chunk(int q, int n0, int n, int k0, int k_end) {
+  const int lr = q / kPerRow;
+  const int j = n0 + lr % kMoeBN;
+  const int kc = k0 + (q % kPerRow) * kChunkK;
+  return MoeWChunk{lr, lr < kMoeBN ? j : n + j, kc, q < kWRows * kPerRow && j < n && kc < k_end};
+}
+
 // Issue an MXFP4 weight step (kMxChunksPerRow chunks of 16 code bytes per row, with one E8M0
 // byte each): the codes into slot `slot` of w_mx asynchronously (kAsync) or into the registers
 // x, the scale bytes into the registers sc. Chunks past n or k_end read as zero codes.
@@ -384,18 +401,14 @@ MOE_INLINE K3_DEVICE void moe_mma_issue_mx(k3::AsyncCopy<kMaxPending>& cp, MoeMm
   for (int i = 0; i < kChunks; ++i) {
     const int q = tid + i * kMmaThreads;
     if (q >= kWRows * kMxChunksPerRow) break;
-    const int lr = q / kMxChunksPerRow;
-    const int j = n0 + lr % kMoeBN;
-    const int kc = k0 + (q % kMxChunksPerRow) * kMxChunkK;
-    const bool ok = j < n && kc < k_end;
-    const int64_t row = lr < kMoeBN ? j : n + j;
-    const uint8_t* src = ok ? codes + row * w_s1 + kc / 2 : codes;
-    sc[i] = ok ? sc_e[row * sc_s1 + (kc / kMxChunkK) * sc_s2] : 0u;
+    const MoeWChunk c = moe_w_chunk<kWRows, kMxChunksPerRow, kMxChunkK>(q, n0, n, k0, k_end);
+    const uint8_t* src = c.ok ? codes + c.row * w_s1 + c.kc / 2 : codes;
+    sc[i] = c.ok ? sc_e[c.row * sc_s1 + (c.kc / kMxChunkK) * sc_s2] : 0u;
     if constexpr (kAsync) {
-      cp.copy_16b_or_zero(&sh.w_mx[slot][lr][(q % kMxChunksPerRow) * kMxChunk], src, ok);
+      cp.copy_16b_or_zero(&sh.w_mx[slot][c.lr][(q % kMxChunksPerRow) * kMxChunk], src, c.ok);
     } else {
       const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
-      x[i] = ok ? k3::load_16b(src) : zero16;
+      x[i] = c.ok ? k3::load_16b(src) : zero16;
     }
   }
 }
@@ -421,12 +434,8 @@ MOE_INLINE K3_DEVICE void moe_mma_load_w(k3::u32x4 (&w)[kChunks], int tid, const
   const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
   K3_UNROLL
   for (int i = 0; i < kChunks; ++i) {
-    const int q = tid + i * kMmaThreads;
-    const int lr = q / kBf16ChunksPerRow;
-    const int j = n0 + lr % kMoeBN;
-    const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
-    const int64_t row = lr < kMoeBN ? j : n + j;
-    w[i] = q < kWRows * kBf16ChunksPerRow && j < n && kc < k_end ? k3::load_16b(w_e + row * w_s1 + kc) : zero16;
+    const MoeWChunk c = moe_w_chunk<kWRows, kBf16ChunksPerRow, kBf16Chunk>(tid + i * kMmaThreads, n0, n, k0, k_end);
+    w[i] = c.ok ? k3::load_16b(w_e + c.row * w_s1 + c.kc) : zero16;
   }
 }
 
@@ -439,12 +448,9 @@ MOE_INLINE K3_DEVICE void moe_mma_issue_w(k3::AsyncCopy<kMaxPending>& cp, MoeMma
   for (int i = 0; i < kChunks; ++i) {
     const int q = tid + i * kMmaThreads;
     if (q >= kWRows * kBf16ChunksPerRow) break;
-    const int lr = q / kBf16ChunksPerRow;
-    const int j = n0 + lr % kMoeBN;
-    const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
-    const bool ok = j < n && kc < k_end;
-    const int64_t row = lr < kMoeBN ? j : n + j;
-    cp.copy_16b_or_zero(&sh.w_tile[slot][lr][(q % kBf16ChunksPerRow) * kBf16Chunk], ok ? w_e + row * w_s1 + kc : w_e, ok);
+    const MoeWChunk c = moe_w_chunk<kWRows, kBf16ChunksPerRow, kBf16Chunk>(q, n0, n, k0, k_end);
+    cp.copy_16b_or_zero(&sh.w_tile[slot][c.lr][(q % kBf16ChunksPerRow) * kBf16Chunk],
+                        c.ok ? w_e + c.row * w_s1 + c.kc : w_e, c.ok);
   }
 }
 
