@@ -168,9 +168,9 @@ fn run_stage<B: Backend + MoeAlign + MoeGroupedGemm>(
         MoeGemmStage::GateUp { .. } => None,
     };
     let mut out = b.zeros(out_dt, &[pairs, n])?;
-    // Garbage in the output proves dropped pairs are written (as zeros), not skipped.
+    // NaN in the output proves every row is written (dropped pairs as zeros): nothing clears it.
     if pairs * n > 0 {
-        out = upload_f32(b, out_dt, &[pairs, n], &vec![7.0; pairs * n])?;
+        out = upload_f32(b, out_dt, &[pairs, n], &vec![f32::NAN; pairs * n])?;
     }
     let args = MoeGemmArgs {
         input: input.as_ref(),
@@ -296,8 +296,10 @@ fn check_pipeline<B: Backend + MoeAlign + MoeGroupedGemm + MoeCombine>(
     let out = run_combine(b, c.tokens, c.top_k, c.hidden, &y, c.out_dt).unwrap_or_else(|e| panic!("{what}: combine: {e}"));
     // f32 sum of top_k terms, rounded once to the output dtype.
     assert_close(&format!("{what}: out"), &out, &combine_oracle(&y, c.tokens, c.top_k, c.hidden), Tolerance::for_dtype(c.out_dt));
-    // Dropped pairs (expert map) contribute exact zeros.
-    for p in (0..pr.topk_ids.len()).filter(|&p| local_expert(pr, p).is_none()) {
+    // Dropped pairs (expert map) contribute exact zeros; a map case must drop some.
+    let dropped: Vec<usize> = (0..pr.topk_ids.len()).filter(|&p| local_expert(pr, p).is_none()).collect();
+    assert_eq!(c.local.is_some() && c.tokens > 0, !dropped.is_empty(), "{what}: the expert map drops pairs");
+    for &p in &dropped {
         assert!(act[p * c.inter..(p + 1) * c.inter].iter().all(|&v| v == 0.0), "{what}: act row of dropped pair {p}");
         assert!(y[p * c.hidden..(p + 1) * c.hidden].iter().all(|&v| v == 0.0), "{what}: y row of dropped pair {p}");
     }
@@ -337,6 +339,13 @@ pub fn moe_gemm_bf16_matches_dense_reference<B: Backend + MoeAlign + MoeGroupedG
         // Decode-sized: 1 pair, gate/up over k = 224 (3 steps of 64 and a 32-wide tail), which
         // the GPU backends split over k on any device with 2+ compute units.
         Cfg { act_dt: DType::BF16, ..cfg(1, 224, 64, 8, 1, 16) },
+        // Expert maps on every GPU kernel: the pairs of other ranks' experts are listed after the
+        // runs and their rows zeroed by the 16-row MMA kernels (split over k or not, as the
+        // device's units decide; the MXFP4 twin below splits on 2+ units), by the 64-row MMA
+        // kernel (block_m 128), and one per tail block (block_m 1: 16-row MMA gate/up, f32 down).
+        Cfg { local: Some(3), act_dt: DType::BF16, ..cfg(3, 224, 64, 8, 2, 16) },
+        Cfg { local: Some(1), act_dt: DType::BF16, ..cfg(40, 80, 40, 4, 2, 128) },
+        Cfg { local: Some(2), ..cfg(9, 32, 16, 8, 3, 1) },
     ];
     for c in &cases {
         let pr = make_problem(&mut rng, c, MoeWeightFormat::Dense);
@@ -356,6 +365,9 @@ pub fn moe_gemm_mxfp4_matches_dense_reference<B: Backend + MoeAlign + MoeGrouped
         Cfg { act_dt: DType::BF16, ..cfg(70, 96, 32, 2, 2, 128) },
         // Decode-sized, split over k on the GPU backends (2 pairs, k = 256 for gate/up).
         Cfg { act_dt: DType::BF16, ..cfg(1, 256, 32, 6, 2, 16) },
+        // With an expert map: 3 M-blocks, split on 2+ units (the split reduce zeroes the
+        // dropped rows).
+        Cfg { local: Some(2), act_dt: DType::BF16, ..cfg(3, 256, 32, 6, 2, 16) },
     ];
     for c in &cases {
         let pr = make_problem(&mut rng, c, MoeWeightFormat::Mxfp4);

@@ -1,5 +1,6 @@
-//! Grouped expert GEMM and combine launchers (csrc/ops/moe_gemm.cu): `moe_gemm_zero_rows`, then
-//! one grouped-GEMM kernel on a grid of (M-blocks, 64-column tiles); `moe_combine_sum` one block
+//! Grouped expert GEMM and combine launchers (csrc/ops/moe_gemm.cu): one grouped-GEMM kernel on
+//! a grid of (M-blocks, 64-column tiles), whose blocks without an expert write the zero rows of
+//! the pairs the align op listed as unserved (no zero-fill launch); `moe_combine_sum` one block
 //! per token.
 //!
 //! Kernel choice: `moe_gemm_grouped_mma` (bf16 tensor-core fragments, 4 warps; its 16-row twin
@@ -140,17 +141,6 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         }
         let out = &args.out.layout;
         let out_ptr = self.ptr(&*args.out.buf, out);
-
-        // Rows of pairs no block serves (dropped by an expert map) must read zero.
-        let mut z = KernelArgs::new();
-        arg(&mut z, out_ptr);
-        arg(&mut z, dtype_code(out.dtype));
-        arg(&mut z, out.strides[0] as i64);
-        arg(&mut z, out.strides[1] as i64);
-        arg(&mut z, plan.pairs as i64);
-        arg(&mut z, to_i32("params.n", p.n)?);
-        let numel = plan.pairs.saturating_mul(p.n);
-        self.launch("moe_gemm_zero_rows", LaunchConfig::new(blocks_for(numel, THREADS as usize), THREADS, 0), &mut z, stream)?;
 
         let (inp, w) = (&args.input.layout, &args.weight.layout);
         let mut a = KernelArgs::new();
