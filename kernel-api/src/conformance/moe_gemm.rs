@@ -449,7 +449,10 @@ pub fn moe_gemm_mxfp8_activations<B: Backend + MoeAlign + MoeGroupedGemm + MoeCo
 pub fn moe_combine_matches_f64_sum<B: Backend + MoeCombine>(b: &B) {
     let mut rng = TestRng::new(55);
     for &(tokens, top_k, hidden, dt) in
-        &[(7, 3, 20, DType::F32), (5, 16, 33, DType::BF16), (1, 1, 4, DType::F32), (0, 4, 8, DType::BF16)]
+        &[(7, 3, 20, DType::F32), (5, 16, 33, DType::BF16), (1, 1, 4, DType::F32), (0, 4, 8, DType::BF16),
+          // Several column tiles of the GPU kernel (1024 columns each) with a tail: 16-byte rows
+          // (hidden % 4 == 0) and rows read per column (hidden % 4 == 2).
+          (3, 4, 2052, DType::F32), (2, 16, 1030, DType::BF16)]
     {
         let y = rng.normals(tokens * top_k * hidden, 1.0);
         let out = run_combine(b, tokens, top_k, hidden, &y, dt).expect("combine");

@@ -770,14 +770,35 @@ K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const in
 K3_EXPORT(moe_gemm_splitk_reduce);
 
 // out[t, j] = sum over slots of y[t*top_k + slot, j], f32 in ascending slot order, rounded once.
-// One block per token (grid-stride), threads over the hidden columns (coalesced).
+// Grid: (tokens, grid-stride; tiles of 4 * blockDim columns), so a decode-sized batch still
+// spreads its columns over several blocks. When the rows of y are contiguous and 16-B aligned
+// (checked here from the arguments: uniform), each thread reads its 4 columns of every slot's row
+// in one 16-byte load; otherwise one column per thread and step. The per-column sum order is the
+// same on both paths, so they give the same bits.
 K3_KERNEL void moe_combine_sum(const float* y, int64_t y_s0, int64_t y_s1, void* out, int out_dt, int64_t out_s0,
                                int64_t out_s1, int tokens, int top_k, int hidden) {
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int nthreads = static_cast<int>(k3::block_dim_x());
+  const int j0 = static_cast<int>(k3::block_idx_y()) * 4 * nthreads;
+  const int j_end = j0 + 4 * nthreads < hidden ? j0 + 4 * nthreads : hidden;
+  const bool vec = y_s1 == 1 && y_s0 % 4 == 0 && hidden % 4 == 0 && k3::aligned16(y);
   for (int t = static_cast<int>(k3::block_idx_x()); t < tokens; t += static_cast<int>(k3::grid_dim_x())) {
-    for (int j = static_cast<int>(k3::thread_idx_x()); j < hidden; j += static_cast<int>(k3::block_dim_x())) {
-      float acc = 0.0f;
-      for (int s = 0; s < top_k; ++s) acc += y[(static_cast<int64_t>(t) * top_k + s) * y_s0 + j * y_s1];
-      k3::store_f32(out, out_dt, t * out_s0 + j * out_s1, acc);
+    const float* rows = y + static_cast<int64_t>(t) * top_k * y_s0;
+    if (vec) {
+      const int j = j0 + 4 * tid;
+      if (j >= j_end) continue;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int s = 0; s < top_k; ++s) {
+        const k3::f32x4 v = k3::load_f32x4(rows + s * y_s0 + j);
+        for (int i = 0; i < 4; ++i) acc[i] += v.v[i];
+      }
+      for (int i = 0; i < 4; ++i) k3::store_f32(out, out_dt, t * out_s0 + (j + i) * out_s1, acc[i]);
+    } else {
+      for (int j = j0 + tid; j < j_end; j += nthreads) {
+        float acc = 0.0f;
+        for (int s = 0; s < top_k; ++s) acc += rows[s * y_s0 + j * y_s1];
+        k3::store_f32(out, out_dt, t * out_s0 + j * out_s1, acc);
+      }
     }
   }
 }

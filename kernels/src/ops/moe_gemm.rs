@@ -1,7 +1,7 @@
 //! Grouped expert GEMM and combine launchers (csrc/ops/moe_gemm.cu): one grouped-GEMM kernel on
 //! a grid of (M-blocks, 64-column tiles), whose blocks without an expert write the zero rows of
 //! the pairs the align op listed as unserved (no zero-fill launch); `moe_combine_sum` one block
-//! per token.
+//! per (token, tile of 4 x 256 columns).
 //!
 //! Kernel choice: `moe_gemm_grouped_mma` (bf16 tensor-core fragments, 4 warps; its 16-row twin
 //! `moe_gemm_grouped_m16_mma` at `block_m` <= 16) when every operand entering the product is
@@ -229,6 +229,9 @@ impl<R: Runtime> MoeCombine for GpuBackend<R> {
         to_i32("params.hidden", p.hidden)?;
         to_i32("params.top_k", p.top_k)?;
         to_i32("params.tokens x top_k", p.tokens.saturating_mul(p.top_k))?;
+        if p.hidden.div_ceil(4 * THREADS as usize) > 65_535 {
+            return Err(Error::unsupported("params.hidden", format!("{} needs more than 65535 column tiles", p.hidden)));
+        }
         Ok(())
     }
 
@@ -252,6 +255,8 @@ impl<R: Runtime> MoeCombine for GpuBackend<R> {
         arg(&mut a, to_i32("params.tokens", p.tokens)?);
         arg(&mut a, to_i32("params.top_k", p.top_k)?);
         arg(&mut a, to_i32("params.hidden", p.hidden)?);
-        self.launch("moe_combine_sum", LaunchConfig::new(blocks_for(p.tokens, 1), THREADS, 0), &mut a, stream)
+        // Tiles of 4 columns per thread (moe_combine_sum); at most 65535 of them (supports).
+        let grid = (blocks_for(p.tokens, 1), p.hidden.div_ceil(4 * THREADS as usize) as u32);
+        self.launch("moe_combine_sum", LaunchConfig::new(grid, THREADS, 0), &mut a, stream)
     }
 }
