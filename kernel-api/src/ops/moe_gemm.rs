@@ -42,6 +42,12 @@
 //!
 //! **Combine** ([`MoeCombine`]): out[t, j] = Σ_slot y[t·top_k + slot, j] accumulated in (at
 //! least) f32 and rounded once to the dtype of `out`.
+//!
+//! The down stage's `out` (y) is f32 on purpose: k3-architecture.md 2.5 sums the weighted expert
+//! outputs in fp32 and rounds once, so each term w_p·dot must reach the combine unrounded (a bf16
+//! y would round all top_k terms before the sum). The combine is a separate op because a
+//! token's pairs are served by different experts' blocks: summing them in the GEMM's epilogue
+//! would need float atomics, whose order of arrival (and so the result) varies from run to run.
 
 use super::moe_align::MoeRouting;
 use crate::backend::Backend;
