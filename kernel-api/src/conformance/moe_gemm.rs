@@ -5,7 +5,7 @@
 //! by this file's own decoder), fed with the op's actual input of that stage, so a rounding of
 //! the previous stage's output cannot blur the comparison.
 
-use super::moe_align::align_on;
+use super::moe_align::{align_on, upload_i32};
 use super::{download_f32, round_through, upload_f32, TestRng};
 use crate::backend::{Backend, BackendExt, DeviceTensor};
 use crate::dtype::DType;
@@ -619,3 +619,53 @@ pub fn moe_gemm_rejects_bad_shapes<B: Backend + MoeAlign + MoeGroupedGemm + MoeC
     assert_eq!(crun(&t(DType::F32, &[6, 8]), DType::BF16, &[3, 8]), None, "well-formed combine must succeed");
 }
 
+
+/// The GEMMs write exactly the rows the align outputs list, on an output that starts as NaN:
+/// served pairs get values, pairs listed after the runs (served by no expert) get zeros, and a
+/// pair listed nowhere (only possible with hand-built routing) keeps its row. Routing by hand:
+/// 6 pairs, 2 experts, block_m 4: expert 0 serves pairs 0 and 2, expert 1 pairs 1 and 4, pair 3
+/// is listed after the runs, pair 5 nowhere. Both stages, on the MMA path (bf16 input) and the
+/// f32 one.
+pub fn moe_gemm_writes_exactly_the_listed_rows<B: Backend + MoeGroupedGemm>(b: &B) {
+    let r = MoeRouting { tokens: 3, top_k: 2, experts: 2, block_m: 4 };
+    let s = 6; // sentinel
+    let sorted = upload_i32(b, &[12], &[0, 2, s, s, 1, 4, s, s, 3, s, s, s]);
+    let expert_ids = upload_i32(b, &[3], &[0, 1, -1]);
+    let used = upload_i32(b, &[1], &[8]);
+    let mut rng = TestRng::new(57);
+    let (k, n) = (32, 8);
+    for (stage, in_dt) in [
+        (gate_up_stage(Some(25.0)), DType::BF16),
+        (gate_up_stage(Some(25.0)), DType::F32),
+        (MoeGemmStage::Down, DType::BF16),
+        (MoeGemmStage::Down, DType::F32),
+    ] {
+        let params = MoeGemmParams { routing: r.clone(), k, n, stage, weights: MoeWeightFormat::Dense, activation_quant: None };
+        let plan = MoeGroupedGemm::plan(b, &params).expect("plan");
+        let in_rows = if stage == MoeGemmStage::Down { 6 } else { 3 };
+        let input = upload_f32(b, in_dt, &[in_rows, k], &round_through(DType::BF16, &rng.normals(in_rows * k, 1.0))).unwrap();
+        let w = upload_f32(b, DType::BF16, &[2, plan.weight_rows, k], &rng.normals(2 * plan.weight_rows * k, 0.2)).unwrap();
+        let router_w = (stage == MoeGemmStage::Down).then(|| upload_f32(b, DType::F32, &[3, 2], &[0.5; 6]).unwrap());
+        let mut out = upload_f32(b, DType::F32, &[6, n], &[f32::NAN; 48]).unwrap();
+        let args = MoeGemmArgs {
+            input: input.as_ref(),
+            weight: w.as_ref(),
+            weight_scale: None,
+            sorted_token_ids: sorted.as_ref(),
+            expert_ids: expert_ids.as_ref(),
+            num_tokens_post_padded: used.as_ref(),
+            topk_weights: router_w.as_ref().map(DeviceTensor::as_ref),
+            out: out.as_mut(),
+        };
+        let mut ws = b.workspace(MoeGroupedGemm::workspace_size(b, &plan)).unwrap();
+        MoeGroupedGemm::run(b, &plan, args, ws.as_mut(), b.default_stream()).expect("run");
+        let got = download_f32(b, &out).unwrap();
+        let row = |p: usize| &got[p * n..(p + 1) * n];
+        for p in [0, 1, 2, 4] {
+            let served = row(p).iter().all(|v| v.is_finite()) && row(p).iter().any(|&v| v != 0.0);
+            assert!(served, "{stage:?} {in_dt}: served row {p}: {:?}", row(p));
+        }
+        assert!(row(3).iter().all(|&v| v == 0.0), "{stage:?} {in_dt}: unserved row 3 is zeros: {:?}", row(3));
+        assert!(row(5).iter().all(|v| v.is_nan()), "{stage:?} {in_dt}: row 5 (listed nowhere) untouched: {:?}", row(5));
+    }
+}
