@@ -51,7 +51,8 @@ pub(super) fn align_on<B: Backend + MoeAlign>(
     Ok(out)
 }
 
-/// Naive oracle: for each local expert in order, scan all pairs; pad runs; fill the tail.
+/// Naive oracle: for each local expert in order, scan all pairs; pad runs; then the pairs no
+/// local expert serves, in ascending order; fill the tail.
 fn naive_align(r: &MoeRouting, ids: &[i32], map: Option<&[i32]>) -> (Vec<i32>, Vec<i32>, i32) {
     let pairs = r.tokens * r.top_k;
     let local_of = |id: i32| match map {
@@ -72,6 +73,7 @@ fn naive_align(r: &MoeRouting, ids: &[i32], map: Option<&[i32]>) -> (Vec<i32>, V
         blocks.resize(sorted.len() / r.block_m, e);
     }
     let used = sorted.len() as i32;
+    sorted.extend((0..pairs as i32).filter(|&p| local_of(ids[p as usize]) == -1));
     let max_padded = (pairs + r.experts * (r.block_m - 1)).div_ceil(r.block_m) * r.block_m;
     sorted.resize(max_padded, pairs as i32);
     blocks.resize(max_padded / r.block_m, -1);
@@ -117,7 +119,8 @@ pub fn moe_align_matches_naive_sort<B: Backend + MoeAlign>(b: &B) {
     assert_eq!((plan.max_padded, plan.num_blocks), (52, 13));
 }
 
-/// With an expert map, pairs of experts not on this rank are dropped and runs follow local ids.
+/// With an expert map, pairs of experts not on this rank are served by no run: they are listed
+/// once each right after the runs (so the GEMMs zero their rows), and runs follow local ids.
 pub fn moe_align_expert_map_drops_pairs<B: Backend + MoeAlign>(b: &B) {
     let mut rng = TestRng::new(32);
     for &(tokens, top_k, global, local, block_m) in &[(6, 2, 12, 5, 4), (9, 4, 16, 3, 1), (0, 2, 8, 2, 8), (11, 3, 6, 6, 3)] {
@@ -134,9 +137,11 @@ pub fn moe_align_expert_map_drops_pairs<B: Backend + MoeAlign>(b: &B) {
         check_against_naive(b, &r, &ids, Some(&map), &format!("expert map {r:?}"));
         let out = align_on(b, &r, &ids, Some(&map)).expect("align");
         let sorted = download_i32(b, &out.sorted_token_ids);
+        let used = download_i32(b, &out.num_tokens_post_padded)[0] as usize;
         for (p, &id) in ids.iter().enumerate() {
-            let present = sorted.contains(&(p as i32));
-            assert_eq!(present, map[id as usize] >= 0, "pair {p} (expert {id}) presence");
+            let at: Vec<usize> = (0..sorted.len()).filter(|&i| sorted[i] == p as i32).collect();
+            assert_eq!(at.len(), 1, "pair {p} (expert {id}) listed once");
+            assert_eq!(at[0] < used, map[id as usize] >= 0, "pair {p} (expert {id}) served iff mapped");
         }
     }
 }

@@ -5,7 +5,7 @@
 //! by this file's own decoder), fed with the op's actual input of that stage, so a rounding of
 //! the previous stage's output cannot blur the comparison.
 
-use super::moe_align::align_on;
+use super::moe_align::{align_on, upload_i32};
 use super::{download_f32, round_through, upload_f32, TestRng};
 use crate::backend::{Backend, BackendExt, DeviceTensor};
 use crate::dtype::DType;
@@ -168,9 +168,9 @@ fn run_stage<B: Backend + MoeAlign + MoeGroupedGemm>(
         MoeGemmStage::GateUp { .. } => None,
     };
     let mut out = b.zeros(out_dt, &[pairs, n])?;
-    // Garbage in the output proves dropped pairs are written (as zeros), not skipped.
+    // NaN in the output proves every row is written (dropped pairs as zeros): nothing clears it.
     if pairs * n > 0 {
-        out = upload_f32(b, out_dt, &[pairs, n], &vec![7.0; pairs * n])?;
+        out = upload_f32(b, out_dt, &[pairs, n], &vec![f32::NAN; pairs * n])?;
     }
     let args = MoeGemmArgs {
         input: input.as_ref(),
@@ -296,8 +296,10 @@ fn check_pipeline<B: Backend + MoeAlign + MoeGroupedGemm + MoeCombine>(
     let out = run_combine(b, c.tokens, c.top_k, c.hidden, &y, c.out_dt).unwrap_or_else(|e| panic!("{what}: combine: {e}"));
     // f32 sum of top_k terms, rounded once to the output dtype.
     assert_close(&format!("{what}: out"), &out, &combine_oracle(&y, c.tokens, c.top_k, c.hidden), Tolerance::for_dtype(c.out_dt));
-    // Dropped pairs (expert map) contribute exact zeros.
-    for p in (0..pr.topk_ids.len()).filter(|&p| local_expert(pr, p).is_none()) {
+    // Dropped pairs (expert map) contribute exact zeros; a map case must drop some.
+    let dropped: Vec<usize> = (0..pr.topk_ids.len()).filter(|&p| local_expert(pr, p).is_none()).collect();
+    assert_eq!(c.local.is_some() && c.tokens > 0, !dropped.is_empty(), "{what}: the expert map drops pairs");
+    for &p in &dropped {
         assert!(act[p * c.inter..(p + 1) * c.inter].iter().all(|&v| v == 0.0), "{what}: act row of dropped pair {p}");
         assert!(y[p * c.hidden..(p + 1) * c.hidden].iter().all(|&v| v == 0.0), "{what}: y row of dropped pair {p}");
     }
@@ -337,6 +339,13 @@ pub fn moe_gemm_bf16_matches_dense_reference<B: Backend + MoeAlign + MoeGroupedG
         // Decode-sized: 1 pair, gate/up over k = 224 (3 steps of 64 and a 32-wide tail), which
         // the GPU backends split over k on any device with 2+ compute units.
         Cfg { act_dt: DType::BF16, ..cfg(1, 224, 64, 8, 1, 16) },
+        // Expert maps on every GPU kernel: the pairs of other ranks' experts are listed after the
+        // runs and their rows zeroed by the 16-row MMA kernels (split over k or not, as the
+        // device's units decide; the MXFP4 twin below splits on 2+ units), by the 64-row MMA
+        // kernel (block_m 128), and one per tail block (block_m 1: 16-row MMA gate/up, f32 down).
+        Cfg { local: Some(3), act_dt: DType::BF16, ..cfg(3, 224, 64, 8, 2, 16) },
+        Cfg { local: Some(1), act_dt: DType::BF16, ..cfg(40, 80, 40, 4, 2, 128) },
+        Cfg { local: Some(2), ..cfg(9, 32, 16, 8, 3, 1) },
     ];
     for c in &cases {
         let pr = make_problem(&mut rng, c, MoeWeightFormat::Dense);
@@ -356,6 +365,9 @@ pub fn moe_gemm_mxfp4_matches_dense_reference<B: Backend + MoeAlign + MoeGrouped
         Cfg { act_dt: DType::BF16, ..cfg(70, 96, 32, 2, 2, 128) },
         // Decode-sized, split over k on the GPU backends (2 pairs, k = 256 for gate/up).
         Cfg { act_dt: DType::BF16, ..cfg(1, 256, 32, 6, 2, 16) },
+        // With an expert map: 3 M-blocks, split on 2+ units (the split reduce zeroes the
+        // dropped rows).
+        Cfg { local: Some(2), act_dt: DType::BF16, ..cfg(3, 256, 32, 6, 2, 16) },
     ];
     for c in &cases {
         let pr = make_problem(&mut rng, c, MoeWeightFormat::Mxfp4);
@@ -444,7 +456,10 @@ pub fn moe_gemm_mxfp8_activations<B: Backend + MoeAlign + MoeGroupedGemm + MoeCo
 pub fn moe_combine_matches_f64_sum<B: Backend + MoeCombine>(b: &B) {
     let mut rng = TestRng::new(55);
     for &(tokens, top_k, hidden, dt) in
-        &[(7, 3, 20, DType::F32), (5, 16, 33, DType::BF16), (1, 1, 4, DType::F32), (0, 4, 8, DType::BF16)]
+        &[(7, 3, 20, DType::F32), (5, 16, 33, DType::BF16), (1, 1, 4, DType::F32), (0, 4, 8, DType::BF16),
+          // Several column tiles of the GPU kernel (1024 columns each) with a tail: 16-byte rows
+          // (hidden % 4 == 0) and rows read per column (hidden % 4 == 2).
+          (3, 4, 2052, DType::F32), (2, 16, 1030, DType::BF16)]
     {
         let y = rng.normals(tokens * top_k * hidden, 1.0);
         let out = run_combine(b, tokens, top_k, hidden, &y, dt).expect("combine");
@@ -611,3 +626,53 @@ pub fn moe_gemm_rejects_bad_shapes<B: Backend + MoeAlign + MoeGroupedGemm + MoeC
     assert_eq!(crun(&t(DType::F32, &[6, 8]), DType::BF16, &[3, 8]), None, "well-formed combine must succeed");
 }
 
+
+/// The GEMMs write exactly the rows the align outputs list, on an output that starts as NaN:
+/// served pairs get values, pairs listed after the runs (served by no expert) get zeros, and a
+/// pair listed nowhere (only possible with hand-built routing) keeps its row. Routing by hand:
+/// 6 pairs, 2 experts, block_m 4: expert 0 serves pairs 0 and 2, expert 1 pairs 1 and 4, pair 3
+/// is listed after the runs, pair 5 nowhere. Both stages, on the MMA path (bf16 input) and the
+/// f32 one.
+pub fn moe_gemm_writes_exactly_the_listed_rows<B: Backend + MoeGroupedGemm>(b: &B) {
+    let r = MoeRouting { tokens: 3, top_k: 2, experts: 2, block_m: 4 };
+    let s = 6; // sentinel
+    let sorted = upload_i32(b, &[12], &[0, 2, s, s, 1, 4, s, s, 3, s, s, s]);
+    let expert_ids = upload_i32(b, &[3], &[0, 1, -1]);
+    let used = upload_i32(b, &[1], &[8]);
+    let mut rng = TestRng::new(57);
+    let (k, n) = (32, 8);
+    for (stage, in_dt) in [
+        (gate_up_stage(Some(25.0)), DType::BF16),
+        (gate_up_stage(Some(25.0)), DType::F32),
+        (MoeGemmStage::Down, DType::BF16),
+        (MoeGemmStage::Down, DType::F32),
+    ] {
+        let params = MoeGemmParams { routing: r.clone(), k, n, stage, weights: MoeWeightFormat::Dense, activation_quant: None };
+        let plan = MoeGroupedGemm::plan(b, &params).expect("plan");
+        let in_rows = if stage == MoeGemmStage::Down { 6 } else { 3 };
+        let input = upload_f32(b, in_dt, &[in_rows, k], &round_through(DType::BF16, &rng.normals(in_rows * k, 1.0))).unwrap();
+        let w = upload_f32(b, DType::BF16, &[2, plan.weight_rows, k], &rng.normals(2 * plan.weight_rows * k, 0.2)).unwrap();
+        let router_w = (stage == MoeGemmStage::Down).then(|| upload_f32(b, DType::F32, &[3, 2], &[0.5; 6]).unwrap());
+        let mut out = upload_f32(b, DType::F32, &[6, n], &[f32::NAN; 48]).unwrap();
+        let args = MoeGemmArgs {
+            input: input.as_ref(),
+            weight: w.as_ref(),
+            weight_scale: None,
+            sorted_token_ids: sorted.as_ref(),
+            expert_ids: expert_ids.as_ref(),
+            num_tokens_post_padded: used.as_ref(),
+            topk_weights: router_w.as_ref().map(DeviceTensor::as_ref),
+            out: out.as_mut(),
+        };
+        let mut ws = b.workspace(MoeGroupedGemm::workspace_size(b, &plan)).unwrap();
+        MoeGroupedGemm::run(b, &plan, args, ws.as_mut(), b.default_stream()).expect("run");
+        let got = download_f32(b, &out).unwrap();
+        let row = |p: usize| &got[p * n..(p + 1) * n];
+        for p in [0, 1, 2, 4] {
+            let served = row(p).iter().all(|v| v.is_finite()) && row(p).iter().any(|&v| v != 0.0);
+            assert!(served, "{stage:?} {in_dt}: served row {p}: {:?}", row(p));
+        }
+        assert!(row(3).iter().all(|&v| v == 0.0), "{stage:?} {in_dt}: unserved row 3 is zeros: {:?}", row(3));
+        assert!(row(5).iter().all(|v| v.is_nan()), "{stage:?} {in_dt}: row 5 (listed nowhere) untouched: {:?}", row(5));
+    }
+}

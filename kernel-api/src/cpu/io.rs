@@ -40,3 +40,21 @@ pub fn write_f32(t: &mut TensorMut<'_, CpuBackend>, values: &[f32]) -> Result<()
     }
     Ok(())
 }
+
+/// Like [`write_f32`] for a `[rows, row_len]` view of the values, but writes only the rows with
+/// `written[row]` set; the other rows keep their contents.
+pub fn write_f32_rows(t: &mut TensorMut<'_, CpuBackend>, values: &[f32], row_len: usize, written: &[bool]) -> Result<()> {
+    check_fits(&t.layout, t.buf)?;
+    let offs = t.layout.element_offsets();
+    if offs.len() != values.len() || written.len().checked_mul(row_len) != Some(values.len()) {
+        return Err(Error::invalid("output", format!("{} values for {} elements in {} rows", values.len(), offs.len(), written.len())));
+    }
+    let dt = t.layout.dtype;
+    let s = dt.size_bytes();
+    for (i, (o, &v)) in offs.into_iter().zip(values).enumerate() {
+        if written[i / row_len.max(1)] {
+            encode_f32(dt, v, &mut t.buf.0[o * s..o * s + s]);
+        }
+    }
+    Ok(())
+}

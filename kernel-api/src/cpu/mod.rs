@@ -24,7 +24,7 @@ mod norm;
 mod tensor_ops;
 pub mod math;
 
-pub use io::{read_f32, read_i64, write_f32};
+pub use io::{read_f32, read_i64, write_f32, write_f32_rows};
 
 use crate::backend::{Backend, BackendKind, DeviceInfo, Fp8Native};
 use crate::error::{Error, Result};

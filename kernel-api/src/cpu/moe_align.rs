@@ -62,9 +62,12 @@ impl MoeAlign for CpuBackend {
 
         // Stable bucket sort: pairs in ascending order within each expert.
         let mut buckets: Vec<Vec<i32>> = vec![Vec::new(); r.experts];
+        let mut unserved = Vec::new();
         for (p, e) in experts.iter().enumerate() {
-            if let Some(e) = e {
-                buckets[*e].push(p as i32); // p < max_padded <= i32::MAX (plan)
+            // p < max_padded <= i32::MAX (plan)
+            match e {
+                Some(e) => buckets[*e].push(p as i32),
+                None => unserved.push(p as i32),
             }
         }
         let sentinel = ids.len() as i32;
@@ -78,6 +81,8 @@ impl MoeAlign for CpuBackend {
             block_expert[pos / r.block_m..(pos + run) / r.block_m].fill(e as i32);
             pos += run;
         }
+        // Served runs <= P_served + E·(block_m - 1), so the unserved pairs fit before max_padded.
+        sorted[pos..pos + unserved.len()].copy_from_slice(&unserved);
         write_i32(&mut args.sorted_token_ids, &sorted)?;
         write_i32(&mut args.expert_ids, &block_expert)?;
         write_i32(&mut args.num_tokens_post_padded, &[pos as i32])

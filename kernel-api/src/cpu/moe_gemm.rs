@@ -1,4 +1,4 @@
-use super::{math, read_f32, read_i64, write_f32, CpuBackend, CpuStream, HostBuffer};
+use super::{math, read_f32, read_i64, write_f32, write_f32_rows, CpuBackend, CpuStream, HostBuffer};
 use crate::error::{Error, Result};
 use crate::formats::{mxfp4_dequantize, Mxfp8Block, MX_BLOCK};
 use crate::ops::{
@@ -57,8 +57,10 @@ fn dot(a: &[f32], w: &[f32]) -> f32 {
     a.iter().zip(w).fold(0f64, |acc, (&x, &y)| acc + x as f64 * y as f64) as f32
 }
 
-/// The (pair, local expert) list served by the align outputs, every value range-checked.
-fn served_pairs(plan: &MoeGemmPlan, args: &MoeGemmArgs<'_, CpuBackend>) -> Result<Vec<(usize, usize)>> {
+/// The pairs the align outputs list: `Some(e)` served by local expert e, `None` listed as served
+/// by no expert (written as zeros); pairs listed nowhere are absent (their rows are not written).
+/// Every value is range-checked and a pair listed twice is rejected.
+fn listed_pairs(plan: &MoeGemmPlan, args: &MoeGemmArgs<'_, CpuBackend>) -> Result<Vec<(usize, Option<usize>)>> {
     let r = &plan.params.routing;
     let sorted = read_i64(&args.sorted_token_ids)?;
     let expert_ids = read_i64(&args.expert_ids)?;
@@ -67,18 +69,24 @@ fn served_pairs(plan: &MoeGemmPlan, args: &MoeGemmArgs<'_, CpuBackend>) -> Resul
         Error::invalid("num_tokens_post_padded", format!("{used} is not a multiple of {} in 0..={}", r.block_m, plan.max_padded))
     })?;
     let mut seen = vec![false; plan.pairs];
-    let mut served = Vec::new();
-    for (blk, &e) in expert_ids.iter().take(used / r.block_m).enumerate() {
-        if e == -1 {
-            continue;
-        }
-        let e = usize::try_from(e)
-            .ok()
-            .filter(|&e| e < r.experts)
-            .ok_or_else(|| Error::invalid("expert_ids", format!("block {blk} names expert {e}, outside -1..{}", r.experts)))?;
+    let mut listed = Vec::new();
+    for (blk, &e) in expert_ids.iter().enumerate() {
+        // Past num_tokens_post_padded the expert ids are not read (the GPU kernels do not).
+        let expert = if blk < used / r.block_m && e != -1 {
+            Some(usize::try_from(e).ok().filter(|&e| e < r.experts).ok_or_else(|| {
+                Error::invalid("expert_ids", format!("block {blk} names expert {e}, outside -1..{}", r.experts))
+            })?)
+        } else {
+            None
+        };
         for (i, &id) in sorted.iter().enumerate().skip(blk * r.block_m).take(r.block_m) {
             if id == plan.pairs as i64 {
-                continue; // padding sentinel
+                // Padding sentinel. Served runs may hold more entries after it; in a block
+                // without an expert the unserved pairs are packed before it.
+                if expert.is_none() {
+                    break;
+                }
+                continue;
             }
             let pair = usize::try_from(id).ok().filter(|&q| q < plan.pairs).ok_or_else(|| {
                 Error::invalid("sorted_token_ids", format!("entry {i} is {id}, outside 0..={} (sentinel)", plan.pairs))
@@ -86,10 +94,10 @@ fn served_pairs(plan: &MoeGemmPlan, args: &MoeGemmArgs<'_, CpuBackend>) -> Resul
             if std::mem::replace(&mut seen[pair], true) {
                 return Err(Error::invalid("sorted_token_ids", format!("pair {pair} appears twice")));
             }
-            served.push((pair, e));
+            listed.push((pair, expert));
         }
     }
-    Ok(served)
+    Ok(listed)
 }
 
 impl MoeGroupedGemm for CpuBackend {
@@ -114,10 +122,10 @@ impl MoeGroupedGemm for CpuBackend {
         if p.activation_quant == Some(MoeActivationQuant::Mxfp8) {
             quantize_mxfp8(&mut input); // k % 32 == 0 (plan), so groups never straddle rows
         }
-        let served = served_pairs(plan, &args)?;
+        let listed = listed_pairs(plan, &args)?;
         let mut w: Vec<Option<Vec<f32>>> = vec![None; p.routing.experts];
-        for &(_, e) in &served {
-            if w[e].is_none() {
+        for &(_, e) in &listed {
+            if let Some(e) = e.filter(|&e| w[e].is_none()) {
                 w[e] = Some(expert_weight(plan, &args, e)?);
             }
         }
@@ -126,11 +134,13 @@ impl MoeGroupedGemm for CpuBackend {
             None => &[][..],
         };
         let mut expert_of = vec![None; plan.pairs];
-        for &(pair, e) in &served {
-            expert_of[pair] = Some(e);
+        let mut written = vec![false; plan.pairs];
+        for &(pair, e) in &listed {
+            expert_of[pair] = e;
+            written[pair] = true;
         }
         // Rows of `out` are independent (one pair each): computing them in parallel does not
-        // change any value or summation order.
+        // change any value or summation order. Rows listed without an expert stay zero.
         let mut out = vec![0f32; plan.pairs * n];
         match p.stage {
             MoeGemmStage::GateUp { beta, linear_beta } => {
@@ -158,7 +168,7 @@ impl MoeGroupedGemm for CpuBackend {
                 });
             }
         }
-        write_f32(&mut args.out, &out)
+        write_f32_rows(&mut args.out, &out, n, &written)
     }
 }
 

@@ -7,10 +7,17 @@
 //! Output, with P = tokens·top_k, sentinel = P and M = `block_m`:
 //! - `sorted_token_ids[max_padded]`: the pair indices grouped by local expert in ascending
 //!   expert order, stable within an expert (ascending p); each expert's run is padded with the
-//!   sentinel up to a multiple of M (an expert with no pairs has an empty run); every entry past
-//!   the last run is the sentinel too.
+//!   sentinel up to a multiple of M (an expert with no pairs has an empty run). Right after the
+//!   last run (from index `num_tokens_post_padded` on) come the pairs no local expert serves
+//!   (dropped by the expert map; on the GPU also pairs with an invalid id, which are reported),
+//!   in ascending order and not padded; every later entry is the sentinel. So every pair is
+//!   listed exactly once, and the grouped GEMMs write every row of their output (the unserved
+//!   rows as zeros) without clearing it first. They fit: the runs take at most
+//!   P_served + E_local·(M - 1) entries, so runs plus unserved pairs take at most
+//!   P + E_local·(M - 1) <= max_padded.
 //! - `expert_ids[max_padded / M]`: the local expert of each M-block of `sorted_token_ids`; -1 for
-//!   the unused tail blocks (blocks at or past `num_tokens_post_padded`).
+//!   the tail blocks (blocks at or past `num_tokens_post_padded`, which hold the unserved pairs
+//!   and then sentinels).
 //! - `num_tokens_post_padded[1]`: Σ_e roundup(count_e, M), a device scalar (never read back by
 //!   the host: buffers are sized for the worst case).
 //!

@@ -4,8 +4,16 @@
 //! Both stages walk the output of [`crate::ops::MoeAlign`]: for block b < num_tokens_post_padded
 //! / block_m with e = expert_ids[b] ≠ -1, every entry p = sorted_token_ids[i] of the block that is
 //! not the sentinel (P = tokens·top_k) is a routing pair p = t·top_k + slot served by expert e.
-//! Blocks with e = -1 are skipped. Rows of `out` whose pair is served by no block (pairs dropped
-//! by an expert map) are written as zeros, so a rank's partial combine stays correct.
+//! In every other block (at or past num_tokens_post_padded, or with e = -1) the entries before
+//! the block's first sentinel are pairs served by no expert (dropped by an expert map), and their
+//! rows of `out` are written as zeros, so a rank's partial combine stays correct.
+//!
+//! **What is written**: exactly the rows of the pairs listed in `sorted_token_ids`, each once:
+//! served rows with the values below, unserved rows with zeros; nothing else in `out` is touched
+//! and nothing is cleared first. The align op lists every pair exactly once (served or after the
+//! runs), so with its output every row of `out` is written, whatever `out` held before (NaN
+//! included). A pair listed twice is invalid (the CPU reference rejects it); a pair listed
+//! nowhere (hand-built routing only) keeps its row's previous contents.
 //!
 //! **Stage [`MoeGemmStage::GateUp`]** (`k` = model width, `n` = expert intermediate width N):
 //! with a = x[t] and W = w13[e] (`[2N, k]`: gate rows 0..N, then up rows N..2N),
@@ -34,6 +42,12 @@
 //!
 //! **Combine** ([`MoeCombine`]): out[t, j] = Σ_slot y[t·top_k + slot, j] accumulated in (at
 //! least) f32 and rounded once to the dtype of `out`.
+//!
+//! The down stage's `out` (y) is f32 on purpose: k3-architecture.md 2.5 sums the weighted expert
+//! outputs in fp32 and rounds once, so each term w_p·dot must reach the combine unrounded (a bf16
+//! y would round all top_k terms before the sum). The combine is a separate op because a
+//! token's pairs are served by different experts' blocks: summing them in the GEMM's epilogue
+//! would need float atomics, whose order of arrival (and so the result) varies from run to run.
 
 use super::moe_align::MoeRouting;
 use crate::backend::Backend;

@@ -11,9 +11,12 @@
 //   4. a stable scatter: pairs are taken in chunks of blockDim in ascending pair order; a pair's
 //      rank among the chunk's pairs of its expert comes from the chunk's expert list in shared
 //      memory, its slot is cursor[e] + rank, then the cursors advance by the chunk's counts.
+//      Pairs no local expert serves take the pseudo-expert E, whose cursor starts at the padded
+//      total (workspace[E]): they are listed after the served runs, so the GEMMs can write their
+//      rows as zeros (the served runs plus these pairs fit: P + E_local*(M-1) <= max_padded).
 // Pairs whose id is outside [0, E) (or whose map entry is outside -1..E_local) are invalid input
 // (the CPU reference reports them): phase 2 reports the first one through err (k3/checks.h), and
-// they are dropped like unmapped pairs, so no write ever goes out of bounds.
+// they are listed like unmapped pairs, so no write ever goes out of bounds.
 #include "k3/compat.h"
 
 namespace {
@@ -41,7 +44,8 @@ K3_DEVICE int align_local_expert(const int* ids, int64_t ids_s0, int64_t ids_s1,
 
 }  // namespace
 
-// ws: int[E + 1] (counters, then starts / cursors; ws[E] = padded total).
+// ws: int[E + 1] (counters, then starts / cursors; ws[E] = padded total, then the cursor of the
+// pairs no expert serves).
 // Dynamic shared memory: int[blockDim] (the chunk's experts).
 K3_KERNEL void moe_align_block_size(const int* topk_ids, int64_t ids_s0, int64_t ids_s1, const int* expert_map,
                                     int64_t map_s0, int* sorted, int64_t sorted_s0, int* expert_ids, int64_t eid_s0,
@@ -99,13 +103,14 @@ K3_KERNEL void moe_align_block_size(const int* topk_ids, int64_t ids_s0, int64_t
   for (int b = total / block_m + tid; b < max_padded / block_m; b += nthreads) expert_ids[b * eid_s0] = -1;
   k3::sync_threads();
 
-  // 4. Stable scatter, chunk by chunk in ascending pair order.
+  // 4. Stable scatter, chunk by chunk in ascending pair order; e = experts: served by none.
   for (int base = 0; base < pairs; base += nthreads) {
     const int p = base + tid;
-    const int e = p < pairs
-                      ? align_local_expert(topk_ids, ids_s0, ids_s1, top_k, expert_map, map_s0, global_experts, experts, p,
-                                           nullptr)
-                      : -1;
+    int e = -1;
+    if (p < pairs) {
+      e = align_local_expert(topk_ids, ids_s0, ids_s1, top_k, expert_map, map_s0, global_experts, experts, p, nullptr);
+      if (e < 0) e = experts;
+    }
     chunk_expert[tid] = e;
     k3::sync_threads();
     int rank = 0;

@@ -3,7 +3,8 @@
 //
 // Two grouped-GEMM kernels with the same arguments, tiles and epilogues, chosen by the launcher:
 // one block per (M-block of the align output, tile of kMoeBN = 64 output columns); blocks past
-// num_tokens_post_padded or with expert -1 exit at once. Per row chunk the block loops over k
+// num_tokens_post_padded or with expert -1 write zeros to their pairs' rows of the tile and exit
+// (moe_zero_unserved_rows). Per row chunk the block loops over k
 // in kMoeBK = 32 steps (= the MX block, so one E8M0 scale per weight row and per input row):
 //   - gather: the chunk's input rows (token p / top_k for GateUp, pair p for Down) into shared
 //     memory, optionally replaced by their MXFP8 round trip (amax by a 32-lane shuffle
@@ -13,19 +14,22 @@
 //     MXFP4 as e2m1(code) * 2^(S-127), which is exact in f32 and in bf16;
 //   - multiply, accumulating in f32 in ascending k.
 // Epilogue: GateUp applies SiTU-GLU to the (gate, up) accumulator pair; Down multiplies by the
-// pair's router weight; one rounding to the output dtype. Rows of pairs no block serves are
-// zeroed beforehand by moe_gemm_zero_rows.
+// pair's router weight; one rounding to the output dtype. Rows of pairs no expert serves (the
+// align op lists them after the served runs, in blocks with expert -1) are written as zeros by
+// the blocks that hold them, so every row of the output is written and nothing clears it first.
 //
 // Split over k (decode sizes, block_m <= 16: moe_gemm_grouped_m16_splitk_mma): grid.y runs over
 // (split, column tile), split z multiplies k in [z * k_chunk, min(k, (z + 1) * k_chunk)) and
 // writes its raw f32 accumulators (gate at column j, up at n + j) to the workspace rows of its
 // pairs; moe_gemm_splitk_reduce then sums the splits in ascending order (a fixed order: the
-// result is deterministic, no atomics) and applies the epilogue.
+// result is deterministic, no atomics) and applies the epilogue (it also zeroes the unserved
+// rows; the split GEMM's blocks without an expert only exit).
 //
 // The align outputs are device data and are checked (k3/checks.h) where they are read: once per
 // block num_tokens_post_padded (a multiple of block_m in [0, max_padded]) and the block's expert
 // id (in [-1, experts)), once per row its sorted token id (in [0, pairs], pairs = the padding
-// sentinel). A bad block is skipped, a bad row treated as padding, and the first one reported.
+// sentinel). A bad block is treated as one without an expert (its listed rows are zeroed), a bad
+// row as padding, and the first one reported.
 // A pair listed twice is not looked for (two blocks then write its row; the CPU reference
 // rejects it).
 //
@@ -155,6 +159,30 @@ K3_DEVICE int moe_row_pair(const int* sorted, int64_t sorted_s0, int blk, int bl
   return p < pairs ? p : -1;
 }
 
+// Rows of M-block `blk` when the block has no expert (moe_block_expert returned -1): the
+// align op puts the pairs no expert serves (dropped by an expert map, or with an invalid id)
+// right after the served runs, packed, so the entries before the block's first sentinel are such
+// pairs; columns j, j + j_step, ... < j_end of their rows are written as zeros. Uniform per
+// block (every thread reads the same entries): no barrier is needed, none is crossed.
+K3_DEVICE void moe_zero_unserved_rows(const int* sorted, int64_t sorted_s0, int blk, int block_m, int pairs,
+                                      void* out, int out_dt, int64_t out_s0, int64_t out_s1, int j, int j_end,
+                                      int j_step, k3::ErrorRecord* err) {
+  for (int r = 0; r < block_m; ++r) {
+    const int p = moe_row_pair(sorted, sorted_s0, blk, block_m, r, pairs, err);
+    if (p < 0) return;
+    for (int c = j; c < j_end; c += j_step) k3::store_f32(out, out_dt, p * out_s0 + c * out_s1, 0.0f);
+  }
+}
+
+// moe_zero_unserved_rows over the block's column tile [n0, min(n0 + kMoeBN, n)).
+K3_DEVICE void moe_zero_unserved_tile(const int* sorted, int64_t sorted_s0, int blk, int block_m, int pairs,
+                                      void* out, int out_dt, int64_t out_s0, int64_t out_s1, int n0, int n,
+                                      k3::ErrorRecord* err) {
+  const int end = n0 + kMoeBN < n ? n0 + kMoeBN : n;
+  moe_zero_unserved_rows(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1,
+                         n0 + static_cast<int>(k3::thread_idx_x()), end, static_cast<int>(k3::block_dim_x()), err);
+}
+
 }  // namespace
 
 K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int64_t in_s1, const void* weight,
@@ -174,7 +202,10 @@ K3_KERNEL void moe_gemm_grouped(const void* input, int in_dt, int64_t in_s0, int
   const int blk = static_cast<int>(k3::block_idx_x());
   const int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN;
   const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
-  if (e < 0) return;
+  if (e < 0) {
+    moe_zero_unserved_tile(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1, n0, n, err);
+    return;
+  }
 
   const int col = tid % kMoeBN;
   const int row0 = tid / kMoeBN;
@@ -737,7 +768,14 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
   MoeMmaShared& sh = sh_block[0];
   const int blk = static_cast<int>(k3::block_idx_x());
   const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
-  if (e < 0) return;
+  if (e < 0) {
+    // The split GEMM leaves its unserved rows to moe_gemm_splitk_reduce.
+    if constexpr (!kSplit) {
+      moe_zero_unserved_tile(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1,
+                             static_cast<int>(k3::block_idx_y()) * kMoeBN, n, err);
+    }
+    return;
+  }
   int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN, k_begin = 0, k_end = k;
   float* part = nullptr;
   if constexpr (kSplit) {
@@ -835,7 +873,8 @@ K3_EXPORT(moe_gemm_grouped_m16_splitk_mma);
 
 // The split-k reduction: for every row of a served M-block (the same walk and checks as the
 // GEMM) and output column, the splits' raw accumulators summed in ascending split order (fixed:
-// the result is deterministic), then the GEMM's epilogue and one rounding. Grid: (M-blocks,
+// the result is deterministic), then the GEMM's epilogue and one rounding; the rows of an
+// M-block without an expert are written as zeros (moe_zero_unserved_rows). Grid: (M-blocks,
 // column tiles of the block's threads); threads over consecutive columns (coalesced).
 K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const int* sorted, int64_t sorted_s0,
                                       const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
@@ -846,7 +885,11 @@ K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const in
   const int blk = static_cast<int>(k3::block_idx_x());
   const int j = static_cast<int>(k3::block_idx_y() * k3::block_dim_x() + k3::thread_idx_x());
   const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
-  if (e < 0 || j >= n) return;
+  if (j >= n) return;
+  if (e < 0) {
+    moe_zero_unserved_rows(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1, j, j + 1, 1, err);
+    return;
+  }
   const int64_t width = gate_up ? 2 * static_cast<int64_t>(n) : n;
   const int64_t split_stride = static_cast<int64_t>(pairs) * width;
   for (int r = 0; r < block_m; ++r) {
@@ -865,26 +908,36 @@ K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const in
 }
 K3_EXPORT(moe_gemm_splitk_reduce);
 
-// out[r, j] = 0 for every row: rows of pairs that no block serves (expert map) must read zero.
-K3_KERNEL void moe_gemm_zero_rows(void* out, int out_dt, int64_t out_s0, int64_t out_s1, int64_t rows, int n) {
-  const int64_t total = rows * n;
-  const int64_t step = static_cast<int64_t>(k3::grid_dim_x()) * k3::block_dim_x();
-  for (int64_t i = static_cast<int64_t>(k3::block_idx_x()) * k3::block_dim_x() + k3::thread_idx_x(); i < total;
-       i += step) {
-    k3::store_f32(out, out_dt, (i / n) * out_s0 + (i % n) * out_s1, 0.0f);
-  }
-}
-K3_EXPORT(moe_gemm_zero_rows);
-
 // out[t, j] = sum over slots of y[t*top_k + slot, j], f32 in ascending slot order, rounded once.
-// One block per token (grid-stride), threads over the hidden columns (coalesced).
+// Grid: (tokens, grid-stride; tiles of 4 * blockDim columns), so a decode-sized batch still
+// spreads its columns over several blocks. When the rows of y are contiguous and 16-B aligned
+// (checked here from the arguments: uniform), each thread reads its 4 columns of every slot's row
+// in one 16-byte load; otherwise one column per thread and step. The per-column sum order is the
+// same on both paths, so they give the same bits.
 K3_KERNEL void moe_combine_sum(const float* y, int64_t y_s0, int64_t y_s1, void* out, int out_dt, int64_t out_s0,
                                int64_t out_s1, int tokens, int top_k, int hidden) {
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int nthreads = static_cast<int>(k3::block_dim_x());
+  const int j0 = static_cast<int>(k3::block_idx_y()) * 4 * nthreads;
+  const int j_end = j0 + 4 * nthreads < hidden ? j0 + 4 * nthreads : hidden;
+  const bool vec = y_s1 == 1 && y_s0 % 4 == 0 && hidden % 4 == 0 && k3::aligned16(y);
   for (int t = static_cast<int>(k3::block_idx_x()); t < tokens; t += static_cast<int>(k3::grid_dim_x())) {
-    for (int j = static_cast<int>(k3::thread_idx_x()); j < hidden; j += static_cast<int>(k3::block_dim_x())) {
-      float acc = 0.0f;
-      for (int s = 0; s < top_k; ++s) acc += y[(static_cast<int64_t>(t) * top_k + s) * y_s0 + j * y_s1];
-      k3::store_f32(out, out_dt, t * out_s0 + j * out_s1, acc);
+    const float* rows = y + static_cast<int64_t>(t) * top_k * y_s0;
+    if (vec) {
+      const int j = j0 + 4 * tid;
+      if (j >= j_end) continue;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int s = 0; s < top_k; ++s) {
+        const k3::f32x4 v = k3::load_f32x4(rows + s * y_s0 + j);
+        for (int i = 0; i < 4; ++i) acc[i] += v.v[i];
+      }
+      for (int i = 0; i < 4; ++i) k3::store_f32(out, out_dt, t * out_s0 + (j + i) * out_s1, acc[i]);
+    } else {
+      for (int j = j0 + tid; j < j_end; j += nthreads) {
+        float acc = 0.0f;
+        for (int s = 0; s < top_k; ++s) acc += rows[s * y_s0 + j * y_s1];
+        k3::store_f32(out, out_dt, t * out_s0 + j * out_s1, acc);
+      }
     }
   }
 }

@@ -1,6 +1,7 @@
-//! Grouped expert GEMM and combine launchers (csrc/ops/moe_gemm.cu): `moe_gemm_zero_rows`, then
-//! one grouped-GEMM kernel on a grid of (M-blocks, 64-column tiles); `moe_combine_sum` one block
-//! per token.
+//! Grouped expert GEMM and combine launchers (csrc/ops/moe_gemm.cu): one grouped-GEMM kernel on
+//! a grid of (M-blocks, 64-column tiles), whose blocks without an expert write the zero rows of
+//! the pairs the align op listed as unserved (no zero-fill launch); `moe_combine_sum` one block
+//! per (token, tile of 4 x 256 columns).
 //!
 //! Kernel choice: `moe_gemm_grouped_mma` (bf16 tensor-core fragments, 4 warps; its 16-row twin
 //! `moe_gemm_grouped_m16_mma` at `block_m` <= 16) when every operand entering the product is
@@ -163,17 +164,6 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         let out = &args.out.layout;
         let out_ptr = self.ptr(&*args.out.buf, out);
 
-        // Rows of pairs no block serves (dropped by an expert map) must read zero.
-        let mut z = KernelArgs::new();
-        arg(&mut z, out_ptr);
-        arg(&mut z, dtype_code(out.dtype));
-        arg(&mut z, out.strides[0] as i64);
-        arg(&mut z, out.strides[1] as i64);
-        arg(&mut z, plan.pairs as i64);
-        arg(&mut z, to_i32("params.n", p.n)?);
-        let numel = plan.pairs.saturating_mul(p.n);
-        self.launch("moe_gemm_zero_rows", LaunchConfig::new(blocks_for(numel, THREADS as usize), THREADS, 0), &mut z, stream)?;
-
         let (inp, w) = (&args.input.layout, &args.weight.layout);
         let mut a = KernelArgs::new();
         let (in_ptr, w_ptr) = (self.ptr(args.input.buf, inp), self.ptr(args.weight.buf, w));
@@ -261,6 +251,9 @@ impl<R: Runtime> MoeCombine for GpuBackend<R> {
         to_i32("params.hidden", p.hidden)?;
         to_i32("params.top_k", p.top_k)?;
         to_i32("params.tokens x top_k", p.tokens.saturating_mul(p.top_k))?;
+        if p.hidden.div_ceil(4 * THREADS as usize) > 65_535 {
+            return Err(Error::unsupported("params.hidden", format!("{} needs more than 65535 column tiles", p.hidden)));
+        }
         Ok(())
     }
 
@@ -284,7 +277,9 @@ impl<R: Runtime> MoeCombine for GpuBackend<R> {
         arg(&mut a, to_i32("params.tokens", p.tokens)?);
         arg(&mut a, to_i32("params.top_k", p.top_k)?);
         arg(&mut a, to_i32("params.hidden", p.hidden)?);
-        self.launch("moe_combine_sum", LaunchConfig::new(blocks_for(p.tokens, 1), THREADS, 0), &mut a, stream)
+        // Tiles of 4 columns per thread (moe_combine_sum); at most 65535 of them (supports).
+        let grid = (blocks_for(p.tokens, 1), p.hidden.div_ceil(4 * THREADS as usize) as u32);
+        self.launch("moe_combine_sum", LaunchConfig::new(grid, THREADS, 0), &mut a, stream)
     }
 }
 
