@@ -3,16 +3,17 @@
 // QK^T and PV as k3::mma bf16 products accumulating in f32 (mma.sync m16n8k16 at warp 32,
 // MFMA 16x16x16 at warp 64; the fragment maps of k3/mma_layout.h make the code shape-generic).
 //
-// - Staging (`*_mma`, kVec): a two-stage pipeline (one stage on AMD, see kKvStages): the cache
+// - Staging (`*_mma` at warp 32): a two-stage pipeline (see kKvStages, kRawStaging): the cache
 //   rows as stored, copied by k3::AsyncCopy (cp.async 16 B on CUDA) into the stage after the one
 //   being multiplied, at a bank-conflict-free pitch raw_pitch (mla_kv_load.cuh); the K and V
 //   fragment loads decode them (fp8 pairs by the packed hardware converts, the tile scales read
 //   from the staged row). Per tile: one barrier for "previous tile consumed" (then the next
 //   copies are issued), a wait for this tile's group, one barrier for "tile visible".
-// - Staging (`*_mma_unaligned`): the KV tile as raw bf16 (exact for every format, see
-//   mla_attend.cuh) in rows of `wpad` = pad16(latent) + pad16(rope) columns at pitch
-//   kv_pitch(wpad), rope from column pad16(latent), zero padding, per-(token, 128-tile)
-//   multipliers for the tile-scaled format, loaded through registers (load_tile).
+// - Staging (`*_mma` at warp 64, AMD, whose copies are synchronous: load_tile's 16-byte path;
+//   `*_mma_unaligned`: load_tile, bytewise if it must): the KV tile as raw bf16 (exact for
+//   every format, see mla_attend.cuh) in rows of `wpad` = pad16(latent) + pad16(rope) columns
+//   at pitch kv_pitch(wpad), rope from column pad16(latent), zero padding, per-(token,
+//   128-tile) multipliers for the tile-scaled format, loaded through registers.
 // - QK^T: the 36 (K3) k-steps of 16 dims are dealt round-robin to the warps, each warp holding
 //   its queries' A fragments in registers for the whole item; a k-step lies in one scale tile,
 //   so tile-scaled caches scale each k-step's product per token column. Warp partials of S
@@ -45,18 +46,18 @@ K3_HOST_DEVICE constexpr int pad16(int x) { return (x + 15) / 16 * 16; }
 // tile's 16-byte units, per stage.
 constexpr int kCopySlots = kKvStages * ((kMmaTile + kWarps - 1) / kWarps) * ((kMaxRowUnits + k3::kWarpSize - 1) / k3::kWarpSize);
 
-// Bytes of the KV area: the bf16 tile (kVec == false) or the raw pipeline stages, which also
-// hold the bf16 query rows while their fragments are read (kVec == true).
-K3_HOST_DEVICE constexpr int kv_area_bytes(bool vec, int wpad, int row_bytes) {
-  return vec && kKvStages * kMmaTile * raw_pitch(row_bytes) > 2 * kMmaTile * kv_pitch(wpad) ? kKvStages * kMmaTile * raw_pitch(row_bytes)
+// Bytes of the KV area: the bf16 tile, or the raw pipeline stages (`raw`: kVec && kRawStaging),
+// which also hold the bf16 query rows while their fragments are read.
+K3_HOST_DEVICE constexpr int kv_area_bytes(bool raw, int wpad, int row_bytes) {
+  return raw && kKvStages * kMmaTile * raw_pitch(row_bytes) > 2 * kMmaTile * kv_pitch(wpad) ? kKvStages * kMmaTile * raw_pitch(row_bytes)
                                                                                              : 2 * kMmaTile * kv_pitch(wpad);
 }
 
 // Dynamic shared bytes of the MMA core for padded row width `wpad` and raw row bytes
 // `row_bytes` (kernels/src/ops/mla_decode.rs mirrors it).
-K3_HOST_DEVICE constexpr int mma_shared_bytes(bool vec, int wpad, int row_bytes) {
+K3_HOST_DEVICE constexpr int mma_shared_bytes(bool raw, int wpad, int row_bytes) {
   return 4 * kMaxWarps * kRows * kMmaTile + 4 * kRows * kMmaTile + 4 * kRows * 2 + 4 * kMmaTile * kMultSlots +
-         kv_area_bytes(vec, wpad, row_bytes);
+         kv_area_bytes(raw, wpad, row_bytes);
 }
 
 struct MmaSmem {
@@ -207,23 +208,24 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     }
   }
 
-  // The KV stages (kVec): raw cache rows (see mla_kv_load.cuh, "Raw staging"), tile i in stage
-  // i % kKvStages, the copies of tile i + kKvStages - 1 in flight while tile i is multiplied.
-  // The tile staged as bf16 (!kVec): load_tile's form, multipliers in sm.mult.
+  // The KV stages (kRaw: kVec at warp 32): raw cache rows (see mla_kv_load.cuh, "Raw staging"),
+  // tile i in stage i % kKvStages, the copies of tile i + 1 in flight while tile i is multiplied.
+  // Otherwise one tile staged as bf16 by load_tile, multipliers in sm.mult.
+  constexpr bool kRaw = kVec && kRawStaging;
   const int row_bytes = raw_row_bytes(c.kind, c.latent, c.rope);
   const int rpitch = raw_pitch(row_bytes);
   KvStage st;
   st.rows = reinterpret_cast<const uint8_t*>(sm.raw);
-  st.pitch = kVec ? rpitch : 2 * pitch;
-  st.fp8_cols = !kVec ? 0 : (c.kind == kFormatFlat ? wpad : (tiled ? c.latent : 0));
-  st.bf16_off = kVec && tiled ? c.latent + 4 * ((c.latent + kScaleTile - 1) / kScaleTile) - 2 * c.latent : 0;
+  st.pitch = kRaw ? rpitch : 2 * pitch;
+  st.fp8_cols = !kRaw ? 0 : (c.kind == kFormatFlat ? wpad : (tiled ? c.latent : 0));
+  st.bf16_off = kRaw && tiled ? c.latent + 4 * ((c.latent + kScaleTile - 1) / kScaleTile) - 2 * c.latent : 0;
   st.scale_byte = c.latent;
-  st.mult = kVec ? nullptr : sm.mult;
+  st.mult = kRaw ? nullptr : sm.mult;
   st.fnuz = c.fnuz != 0;
   uint8_t* const stages = reinterpret_cast<uint8_t*>(sm.raw);
   constexpr int kAhead = kKvStages - 1;  // tiles in flight beyond the one being multiplied
   k3::AsyncCopy<kCopySlots> cp;
-  if constexpr (kVec) {
+  if constexpr (kRaw) {
     k3::sync_threads();  // the query rows are read; the stages may be overwritten
     K3_UNROLL
     for (int a = 0; a < kAhead; ++a) {
@@ -249,7 +251,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   for (int s0 = r.kv_start; s0 < kv_hi; s0 += kMmaTile, ++tile) {
     const int n = kv_hi - s0 < kMmaTile ? kv_hi - s0 : kMmaTile;
     k3::sync_threads();  // the previous tile is consumed (its stage is refilled below)
-    if constexpr (kVec) {
+    if constexpr (kRaw) {
       const int sa = s0 + kAhead * kMmaTile;
       if (sa < kv_hi) {
         issue_tile(cp, c, sa, kv_hi - sa < kMmaTile ? kv_hi - sa : kMmaTile, kMmaTile, row_bytes, rpitch,
@@ -259,7 +261,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
       cp.template wait<kAhead>();  // this thread's copies of tile `tile` landed
       st.rows = stages + tile % kKvStages * kMmaTile * rpitch;
     } else {
-      load_tile(c, s0, n, kMmaTile, wpad, lp, sm.raw, sm.mult);
+      load_tile<kVec>(c, s0, n, kMmaTile, wpad, lp, sm.raw, sm.mult);
     }
     k3::sync_threads();  // ... and everyone's
 

@@ -51,14 +51,11 @@ fn shared_bytes(width: usize) -> u32 {
     (4 * ROWS * TILE + 4 * TILE * 5 + 2 * TILE * kv_pitch(width)) as u32
 }
 
-/// `mla::kKvStages`: KV tiles in the `*_mma` kernels' pipeline: 2 at warp 32 (cp.async on
-/// CUDA, deferred copies in the emulator), 1 at warp 64 (AMD's copy is synchronous).
-fn kv_stages(warp_size: u32) -> usize {
-    if warp_size == 32 {
-        2
-    } else {
-        1
-    }
+/// `mla::kKvStages` and `mla::kRawStaging`: the `*_mma` kernels pipeline two raw KV tiles at
+/// warp 32 (cp.async on CUDA, deferred copies in the emulator); at warp 64 (AMD, whose copy is
+/// synchronous) they stage one decoded bf16 tile.
+fn raw_stages(warp_size: u32) -> Option<usize> {
+    (warp_size == 32).then_some(2)
 }
 
 /// `mla::raw_pitch(mla::raw_row_bytes(...))`: a cache row as stored, padded to 16 mod 128 bytes.
@@ -74,7 +71,7 @@ fn raw_pitch(c: &MlaPagedCache) -> usize {
 
 /// Which attention core a launch uses: the tensor-core one (`*_mma` kernels) for bf16 queries
 /// whose 16-padded row fits, else the f32 SIMT one. Returns the kernel name suffix and the
-/// dynamic shared bytes; `vec`: the 16-byte `*_mma` form (raw pipeline stages), else
+/// dynamic shared bytes; `vec`: the 16-byte `*_mma` form (raw pipeline stages at warp 32), else
 /// `*_mma_unaligned` (one bf16 tile).
 fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32) -> (&'static str, u32) {
     let wpad = c.dims.latent.next_multiple_of(16) + c.dims.rope.next_multiple_of(16);
@@ -82,7 +79,10 @@ fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32) -> (&'stat
         // `mla::mma_shared_bytes`: 8 warps' partial scores, P, alpha, l, multipliers, KV area
         // (the bf16 tile, or the raw stages, which also hold the bf16 query rows at first).
         let bf16_tile = 2 * MMA_TILE * kv_pitch(wpad);
-        let kv_area = if vec { bf16_tile.max(kv_stages(warp_size) * MMA_TILE * raw_pitch(c)) } else { bf16_tile };
+        let kv_area = match raw_stages(warp_size) {
+            Some(stages) if vec => bf16_tile.max(stages * MMA_TILE * raw_pitch(c)),
+            _ => bf16_tile,
+        };
         ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + kv_area) as u32)
     } else {
         ("", shared_bytes(c.dims.width()))
