@@ -83,17 +83,16 @@ K3_DEVICE MmaSmem carve_mma(uint8_t* s) {
 // The multiplier slot of padded column `col`.
 K3_DEVICE int mult_slot(int col, int lp) { return col < lp ? col / kScaleTile : kMultSlots - 1; }
 
-// A staged KV tile as the fragment loads read it: token t's row at rows + t * pitch; padded
+// A raw staged KV tile (kRaw) as the fragment loads read it: token t's row at rows + t * pitch; padded
 // column `col` < fp8_cols is the e4m3 code at byte col (decoded here), any other column the bf16
-// at byte bf16_off + 2 * col. Multipliers (tile-scaled format only): from `mult` when the tile
-// was staged as bf16, else the f32 scales stored in the raw row at scale_byte.
+// at byte bf16_off + 2 * col. Multipliers (tile-scaled format only): the f32 scales stored in
+// the raw row at scale_byte.
 struct KvStage {
   const uint8_t* rows;
   int pitch;
   int fp8_cols;
   int bf16_off;
   int scale_byte;
-  const float* mult;
   bool fnuz;
 };
 
@@ -111,7 +110,6 @@ K3_DEVICE uint16_t stage_value(const KvStage& s, int t, int col) {
 }
 
 K3_DEVICE float stage_mult(const KvStage& s, int t, int slot) {
-  if (s.mult != nullptr) return s.mult[t * kMultSlots + slot];
   return slot < kMultSlots - 1 ? *reinterpret_cast<const float*>(s.rows + t * s.pitch + s.scale_byte + 4 * slot) : 1.0f;
 }
 
@@ -216,11 +214,10 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   const int rpitch = raw_pitch(row_bytes);
   KvStage st;
   st.rows = reinterpret_cast<const uint8_t*>(sm.raw);
-  st.pitch = kRaw ? rpitch : 2 * pitch;
-  st.fp8_cols = !kRaw ? 0 : (c.kind == kFormatFlat ? wpad : (tiled ? c.latent : 0));
-  st.bf16_off = kRaw && tiled ? c.latent + 4 * ((c.latent + kScaleTile - 1) / kScaleTile) - 2 * c.latent : 0;
+  st.pitch = rpitch;
+  st.fp8_cols = c.kind == kFormatFlat ? wpad : (tiled ? c.latent : 0);
+  st.bf16_off = tiled ? c.latent + 4 * ((c.latent + kScaleTile - 1) / kScaleTile) - 2 * c.latent : 0;
   st.scale_byte = c.latent;
-  st.mult = kRaw ? nullptr : sm.mult;
   st.fnuz = c.fnuz != 0;
   uint8_t* const stages = reinterpret_cast<uint8_t*>(sm.raw);
   constexpr int kAhead = kKvStages - 1;  // tiles in flight beyond the one being multiplied
@@ -275,7 +272,11 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
         const int ks = warp + i * kWarps;
         if (ks >= nks) continue;  // warp-uniform
         k3::mma::FragB<Shape> kb;
-        load_k_frag(kb, st, nt * Shape::N, ks * 16);
+        if constexpr (kRaw) {
+          load_k_frag(kb, st, nt * Shape::N, ks * 16);
+        } else {  // the bf16 tile, read as before the pipeline (fewer registers on AMD)
+          k3::mma::load_b_transposed(kb, reinterpret_cast<const k3::bf16*>(sm.raw + nt * Shape::N * pitch + ks * 16), pitch);
+        }
         if (tiled) {
           k3::mma::FragC<Shape> t;
           k3::mma::fill(t, 0.0f);
@@ -284,7 +285,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
           K3_UNROLL
           for (int e = 0; e < Shape::kCSlots; ++e) {
             const k3::layout::RC rc = k3::mma::c_coord<Shape>(e);
-            sacc.x[e] += t.x[e] * stage_mult(st, nt * Shape::N + rc.col, slot);
+            sacc.x[e] += t.x[e] * (kRaw ? stage_mult(st, nt * Shape::N + rc.col, slot) : sm.mult[(nt * Shape::N + rc.col) * kMultSlots + slot]);
           }
         } else {
           k3::mma::mma_sync(sacc, qa[i], kb, sacc);
@@ -323,7 +324,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
       for (int e = 0; e < Shape::kASlots; ++e) {
         const k3::layout::RC rc = k3::mma::a_coord<Shape>(e);
         float pv = sm.p[rc.row * kMmaTile + rc.col];
-        if (tiled) pv *= stage_mult(st, rc.col, slot);
+        if (tiled) pv *= kRaw ? stage_mult(st, rc.col, slot) : sm.mult[rc.col * kMultSlots + slot];
         const k3::bf16 h = k3::f32_to_bf16(pv);
         hi.x[e] = h.bits;
         lo.x[e] = k3::f32_to_bf16(pv - k3::bf16_to_f32(h)).bits;
@@ -331,7 +332,11 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
       K3_UNROLL
       for (int e = 0; e < Shape::kCSlots; ++e) oacc[u].x[e] *= sm.alpha[k3::mma::c_coord<Shape>(e).row];
       k3::mma::FragB<Shape> vb;
-      load_v_frag(vb, st, col0);
+      if constexpr (kRaw) {
+        load_v_frag(vb, st, col0);
+      } else {
+        k3::mma::load_b(vb, reinterpret_cast<const k3::bf16*>(sm.raw + col0), pitch);
+      }
       k3::mma::mma_sync(oacc[u], hi, vb, oacc[u]);
       k3::mma::mma_sync(oacc[u], lo, vb, oacc[u]);
     }

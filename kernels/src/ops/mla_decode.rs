@@ -11,8 +11,12 @@
 //!
 //! bf16 queries run the `*_mma` kernels (QK^T and PV on tensor cores / MFMA), f32 queries the
 //! f32 SIMT kernels (the tests hold f32 inputs to f32 accuracy, which bf16 operands cannot give).
-//! The `*_mma` kernels read queries and cache rows only in 16-byte loads; inputs they cannot
-//! (unaligned pointers, strides or dims, see `vector_kernel`) run `*_mma_unaligned`.
+//! The `*_mma` kernels read queries and cache rows only in 16-byte transfers; inputs they cannot
+//! (unaligned pointers, strides or dims, see `vector_kernel`) run `*_mma_unaligned`. At warp 32
+//! (CUDA) the `*_mma` kernels pipeline the KV tiles: the cache rows as stored are copied by
+//! cp.async (k3::AsyncCopy) into the stage after the one being multiplied and decoded at
+//! fragment load (two stages, so their dynamic shared memory depends on the cache format,
+//! `raw_pitch`); at warp 64 (AMD, synchronous copies) they stage one decoded bf16 tile.
 
 use super::mla_format::{format_codes, ByteLayout};
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
