@@ -1,8 +1,6 @@
-//! Build script of k3-backend-cuda: two generated files in `$OUT_DIR`, both through the
+//! Build script of k3-backend-cuda: one generated file in `$OUT_DIR`, through the
 //! workspace's `k3-build-support`.
 //!
-//! - `kernel_sources.rs`: `SOURCES`, every file under `kernels/csrc` as `(path relative to csrc,
-//!   include_str!)`, for the run-time NVRTC path (the sources travel inside the binary).
 //! - `cuda_images.rs`: `IMAGES`, one nvcc cubin per (kernel `.cu`, `sm_XX` of `K3_CUDA_ARCHS`,
 //!   default `90a,100a,103a`), embedded with include_bytes!, and `UNAVAILABLE`, the targets that
 //!   have none and why (no nvcc, `K3_SKIP_DEVICE_COMPILE`, a failed compile).
@@ -12,7 +10,7 @@
 //! Compiles are cached by content hash (`K3_KERNEL_CACHE_DIR`, default under `$OUT_DIR`). This
 //! script never panics.
 
-use k3_build_support::{compile_cuda, kernel_sources, write_image_table, write_sources_table, BuildEnv, Config};
+use k3_build_support::{compile_cuda, kernel_sources, write_image_table, BuildEnv, Config};
 use std::path::PathBuf;
 
 fn main() {
@@ -32,7 +30,6 @@ fn build(env: &BuildEnv) -> Result<(), String> {
 
     let mut cfg = Config::for_build_script(env, kernel_sources(&csrc)?, vec![csrc.clone()]);
     cfg.hip_archs.clear();
-    write_sources_table(env, &csrc, &cfg.out_dir.join("kernel_sources.rs"))?;
 
     let cuda = compile_cuda(env, &cfg);
     if require {

@@ -1,8 +1,6 @@
-//! Build script of k3-backend-rocm: two generated files in `$OUT_DIR`, both through the
+//! Build script of k3-backend-rocm: one generated file in `$OUT_DIR`, through the
 //! workspace's `k3-build-support`.
 //!
-//! - `kernel_sources.rs`: `SOURCES`, every file under `kernels/csrc` as `(path relative to csrc,
-//!   include_str!)`, for the run-time hiprtc path (the sources travel inside the binary).
 //! - `hip_images.rs`: `IMAGES`, one HSA code object per (kernel `.cu`, processor of
 //!   `K3_HIP_ARCHS`, default `gfx942,gfx950`), embedded with include_bytes!, and `UNAVAILABLE`,
 //!   the targets that have none and why (no clang for that processor, `K3_SKIP_DEVICE_COMPILE`,
@@ -13,7 +11,7 @@
 //! without images a build error. Compiles are cached by content hash (`K3_KERNEL_CACHE_DIR`,
 //! default under `$OUT_DIR`). This script never panics.
 
-use k3_build_support::{compile_hip, kernel_sources, write_image_table, write_sources_table, BuildEnv, Config};
+use k3_build_support::{compile_hip, kernel_sources, write_image_table, BuildEnv, Config};
 use std::path::PathBuf;
 
 fn main() {
@@ -33,7 +31,6 @@ fn build(env: &BuildEnv) -> Result<(), String> {
 
     let mut cfg = Config::for_build_script(env, kernel_sources(&csrc)?, vec![csrc.clone()]);
     cfg.cuda_archs.clear();
-    write_sources_table(env, &csrc, &cfg.out_dir.join("kernel_sources.rs"))?;
 
     let hip = compile_hip(env, &cfg);
     if require {

@@ -1,57 +1,19 @@
 //! The kernel sources and binaries carried inside this crate, and the arch arithmetic that
 //! decides whether an embedded binary runs on a device.
 //!
-//! - [`SOURCES`]: every file of `kernels/csrc` (embedded by build.rs with include_str!), what the
-//!   NVRTC path compiles; the source tree is never read at run time.
+//! - [`SOURCES`], [`KernelSet`], [`source`]: k3-kernels' embedded csrc texts (`k3_kernels::csrc`),
+//!   what the NVRTC path compiles; the source tree is never read at run time.
 //! - [`IMAGES`]: one nvcc cubin per (`.cu` of csrc, `sm_XX` of `K3_CUDA_ARCHS`) when
 //!   `k3-build-support` found nvcc at build time; [`UNAVAILABLE`]: the targets without images
 //!   and why (both from build.rs).
 
 mod generated {
-    include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
     include!(concat!(env!("OUT_DIR"), "/cuda_images.rs"));
 }
 
-pub use generated::{IMAGES, SOURCES, UNAVAILABLE};
+pub use generated::{IMAGES, UNAVAILABLE};
+pub use k3_kernels::csrc::{headers, registered_kernels, source, KernelSet, SOURCES};
 use std::fmt;
-
-/// A group of kernel files loaded as one module.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KernelSet {
-    /// `csrc/ops/**.cu`: the op kernels the launchers of k3-kernels call.
-    Ops,
-    /// `csrc/tests/**.cu`: the dialect's own test kernels.
-    Tests,
-}
-
-impl KernelSet {
-    pub const ALL: [KernelSet; 2] = [KernelSet::Ops, KernelSet::Tests];
-
-    /// The folder of csrc the set's `.cu` files live in.
-    pub const fn dir(self) -> &'static str {
-        match self {
-            KernelSet::Ops => "ops",
-            KernelSet::Tests => "tests",
-        }
-    }
-
-    /// The set's kernel files (paths relative to csrc), sorted.
-    pub fn files(self) -> Vec<&'static str> {
-        let prefix = format!("{}/", self.dir());
-        SOURCES.iter().map(|(p, _)| *p).filter(|p| p.starts_with(&prefix) && p.ends_with(".cu")).collect()
-    }
-}
-
-impl fmt::Display for KernelSet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.dir())
-    }
-}
-
-/// The embedded text of a csrc file.
-pub fn source(path: &str) -> Option<&'static str> {
-    SOURCES.iter().find(|(p, _)| *p == path).map(|(_, s)| *s)
-}
 
 /// The embedded cubin of a kernel file that runs on a device of compute capability
 /// `major.minor`, if build.rs produced one.
@@ -71,32 +33,6 @@ pub fn embedded_targets() -> Vec<&'static str> {
         }
     }
     out
-}
-
-/// Kernel names a source lists with `K3_EXPORT(name)` (the dialect's registration macro)
-/// outside any preprocessor conditional: the kernels every target's build of the file has
-/// (`#if K3_WARP_SIZE == 64` blocks, for instance, are absent from CUDA builds).
-pub fn exported_kernels(source: &str) -> Vec<String> {
-    let mut depth = 0usize;
-    let mut names = Vec::new();
-    for line in source.lines().map(str::trim) {
-        if let Some(directive) = line.strip_prefix('#').map(str::trim_start) {
-            if directive.starts_with("if") {
-                depth += 1;
-            } else if directive.starts_with("endif") {
-                depth = depth.saturating_sub(1);
-            }
-            continue;
-        }
-        if depth > 0 {
-            continue;
-        }
-        let name = line.strip_prefix("K3_EXPORT(").and_then(|rest| rest.split(')').next()).map(str::trim);
-        if let Some(n) = name.filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) {
-            names.push(n.to_string());
-        }
-    }
-    names
 }
 
 /// A CUDA target: `sm_90a` is `{ major: 9, minor: 0, suffix: Some('a') }`.
@@ -173,20 +109,6 @@ mod tests {
         assert_eq!(Arch::for_device(9, 0).to_string(), "sm_90a");
         assert_eq!(Arch::for_device(10, 3).to_string(), "sm_103a");
         assert_eq!(Arch::for_device(8, 9).to_string(), "sm_89");
-    }
-
-    #[test]
-    fn sources_are_embedded_and_sets_list_kernel_files() {
-        assert!(source("k3/compat.h").is_some_and(|s| s.contains("K3_COMPAT_H")));
-        let tests = KernelSet::Tests.files();
-        assert!(tests.contains(&"tests/reduce.cu"), "{tests:?}");
-        assert!(KernelSet::Ops.files().iter().all(|f| f.starts_with("ops/") && f.ends_with(".cu")));
-        let names = exported_kernels(source("tests/reduce.cu").unwrap());
-        assert_eq!(names, vec!["block_reduce".to_string()]);
-        // The macro's definitions in the dialect headers are not exports.
-        assert!(exported_kernels(source("k3/detail/target_cuda.h").unwrap()).is_empty());
-        let conditional = "K3_EXPORT(a);\n#if K3_WARP_SIZE == 64\nK3_EXPORT(b);\n#endif\n// K3_EXPORT(c);\nK3_EXPORT(d);\n";
-        assert_eq!(exported_kernels(conditional), vec!["a".to_string(), "d".to_string()]);
     }
 
     #[test]

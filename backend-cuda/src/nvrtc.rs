@@ -134,7 +134,7 @@ impl Nvrtc {
         // relative to it (`#include "common.cuh"` from ops/x.cu).
         let mut names = Vec::new();
         let mut texts = Vec::new();
-        for (path, text) in kernels::SOURCES.iter().filter(|(p, _)| !p.ends_with(".cu")) {
+        for (path, text) in kernels::headers() {
             let mut add = |name: &str| -> Result<()> {
                 names.push(cstring("header name", name)?);
                 texts.push(cstring(path, text)?);
@@ -213,7 +213,7 @@ impl Nvrtc {
         h.add(b"k3-backend-cuda nvrtc cubin v1");
         h.add(file.as_bytes());
         h.add(kernels::source(file).unwrap_or("").as_bytes());
-        for (p, text) in kernels::SOURCES.iter().filter(|(p, _)| !p.ends_with(".cu")) {
+        for (p, text) in kernels::headers() {
             h.add(p.as_bytes());
             h.add(text.as_bytes());
         }

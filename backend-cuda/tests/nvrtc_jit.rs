@@ -6,7 +6,7 @@
 //! Skips with a printed reason when NVRTC is not installed (set CUDA_HOME to a toolkit or to the
 //! pip wheels' nvidia/cu13 folder); `K3_REQUIRE_DEVICE_COMPILE=1` turns the skip into a failure.
 
-use k3_backend_cuda::kernels::{exported_kernels, source};
+use k3_backend_cuda::kernels::{registered_kernels, source};
 use k3_backend_cuda::nvrtc::{is_cuda_elf, nvrtc, CacheOutcome, CubinCache, Nvrtc};
 use k3_backend_cuda::{Arch, KernelSet};
 
@@ -61,7 +61,7 @@ fn every_kernel_source_compiles_to_a_cubin_for_each_target() {
                             Err(e) => bad.push(format!("{file} for {arch}: {e}")),
                             Ok(cubin) if !is_cuda_elf(&cubin) => bad.push(format!("{file} for {arch}: not a CUDA ELF")),
                             Ok(cubin) => {
-                                for k in exported_kernels(source(file).unwrap_or("")) {
+                                for k in registered_kernels(source(file).unwrap_or(""), true) {
                                     if !contains(&cubin, k.as_bytes()) {
                                         bad.push(format!("{file} for {arch}: kernel `{k}` missing from the cubin"));
                                     }

@@ -114,7 +114,7 @@ pub fn options(processor: &str, warp: u32) -> Vec<String> {
 pub fn header_list(file: &str) -> Vec<(String, &'static str)> {
     let dir = file.rsplit_once('/').map(|(d, _)| format!("{d}/")).unwrap_or_default();
     let mut out = Vec::new();
-    for (path, text) in kernels::SOURCES.iter().filter(|(p, _)| !p.ends_with(".cu")) {
+    for (path, text) in kernels::headers() {
         out.push((path.to_string(), *text));
         if let Some(local) = path.strip_prefix(dir.as_str()).filter(|_| !dir.is_empty()) {
             out.push((local.to_string(), *text));
@@ -226,7 +226,7 @@ impl Hiprtc {
 pub fn cache_key(file: &str, processor: &str, warp: u32, version: (i32, i32)) -> String {
     let mut h = KeyHasher::default();
     h.str("k3-backend-rocm hiprtc code object v1").str(file).str(kernels::source(file).unwrap_or(""));
-    for (p, text) in kernels::SOURCES.iter().filter(|(p, _)| !p.ends_with(".cu")) {
+    for (p, text) in kernels::headers() {
         h.str(p).str(text);
     }
     for o in options(processor, warp) {

@@ -446,14 +446,14 @@ impl fmt::Debug for RocmEvent {
 struct Part {
     file: String,
     module: sys::hipModule_t,
-    /// The kernels its source registers (`kernels::declared_kernels`); `None` for an image
+    /// The kernels its source registers (`kernels::registered_kernels`, conditional ones included); `None` for an image
     /// loaded by `load_module`, whose contents are unknown.
     declared: Option<Vec<String>>,
 }
 
 impl Part {
     fn of_file(file: &str, module: sys::hipModule_t) -> Self {
-        Part { file: file.to_string(), module, declared: Some(kernels::source(file).map(kernels::declared_kernels).unwrap_or_default()) }
+        Part { file: file.to_string(), module, declared: Some(kernels::source(file).map(|s| kernels::registered_kernels(s, false)).unwrap_or_default()) }
     }
 
     /// Whether the module may hold kernel `name`.

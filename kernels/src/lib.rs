@@ -15,10 +15,13 @@
 //! - [`recording`]: a [`Runtime`] that runs nothing and records every launch, for reading the
 //!   launch configurations of any op at any shape without a GPU.
 //!
+//! - [`csrc`]: the sources embedded as text, the kernel sets a backend loads as one module, and
+//!   the kernel names each file registers.
 //! - [`jit_cache`]: the on-disk cache of kernels compiled at run time (NVRTC, hiprtc).
 //!
 //! This crate depends on no toolkit: backends compile or load the sources themselves.
 
+pub mod csrc;
 pub mod device_checks;
 pub mod gpu_backend;
 pub mod jit_cache;

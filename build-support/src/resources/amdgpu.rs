@@ -184,17 +184,32 @@ impl Reader {
                 p.hi = literal(src);
             }
         } else if mnemonic == "s_swappc_b64" || mnemonic == "s_setpc_b64" {
-            let target_reg = if mnemonic == "s_swappc_b64" { ops.get(1) } else { ops.first() };
+            let swap = mnemonic == "s_swappc_b64";
+            let target_reg = if swap { ops.get(1) } else { ops.first() };
+            // (name, whether it names a function entry)
             let target = target_reg.and_then(|o| sreg(o)).and_then(|r| self.pending.get(&r)).and_then(|p| {
-                p.symbol.clone().or_else(|| {
-                    let addr = p.pc?.wrapping_add(p.lo? & 0xffff_ffff).wrapping_add(p.hi.unwrap_or(0) << 32);
-                    Some(by_address.get(&addr).cloned().unwrap_or_else(|| format!("{addr:#x}")))
-                })
+                match &p.symbol {
+                    Some(sym) => Some((sym.clone(), !sym.starts_with(".L"))),
+                    None => {
+                        let addr = p.pc?.wrapping_add(p.lo? & 0xffff_ffff).wrapping_add(p.hi.unwrap_or(0) << 32);
+                        Some(by_address.get(&addr).map_or_else(|| (format!("{addr:#x}"), false), |n| (n.clone(), true)))
+                    }
+                }
             });
-            // `s_setpc_b64 s[30:31]` returns; only a built-up target makes it a (tail) call.
-            if mnemonic == "s_swappc_b64" || target.is_some() {
-                s.calls += 1;
-                self.function.callees.push(target.unwrap_or_else(|| "?".into()));
+            // `s_setpc_b64 s[30:31]` returns, and an `s_setpc_b64` to a built-up address that is
+            // no function entry is a long branch (gfx942 emits them past a 16-bit branch
+            // offset); only a function entry makes it a tail call. An `s_swappc_b64` is a call
+            // whatever its target.
+            match target {
+                Some((name, entry)) if swap || entry => {
+                    s.calls += 1;
+                    self.function.callees.push(name);
+                }
+                None if swap => {
+                    s.calls += 1;
+                    self.function.callees.push("?".into());
+                }
+                _ => {}
             }
         }
     }
@@ -371,6 +386,34 @@ mod tests {
         assert_eq!(sreg_range("s[30:31]"), Some((30, 31)));
         assert_eq!(sreg_range("s7"), Some((7, 7)));
         assert_eq!(sreg_range("v7"), None);
+    }
+
+    #[test]
+    fn a_long_branch_is_not_a_call() {
+        // Past the reach of s_branch's 16-bit offset gfx942 jumps with s_getpc_b64 +
+        // s_add/s_addc + s_setpc_b64 to a block of the same function; a tail call's target is
+        // a function entry.
+        let text = "0000000000001000 <f>:\n\
+            \ts_getpc_b64 s[4:5]        // 000000001000: BE841C00\n\
+            \ts_add_u32 s4, s4, 0x10    // 000000001004: 8004FF04 00000010\n\
+            \ts_addc_u32 s5, s5, 0      // 00000000100C: 82058005\n\
+            \ts_setpc_b64 s[4:5]        // 000000001010: BE801D04\n\
+            \ts_getpc_b64 s[6:7]        // 000000001014: BE861C00\n\
+            \ts_add_u32 s6, s6, 0xfe8   // 000000001018: 8006FF06 00000FE8\n\
+            \ts_addc_u32 s7, s7, 0      // 000000001020: 82078007\n\
+            \ts_setpc_b64 s[6:7]        // 000000001024: BE801D06\n\
+            \ts_endpgm                  // 000000001028: BF810000\n\
+            0000000000002000 <g>:\n\
+            \ts_setpc_b64 s[30:31]      // 000000002000: BE801D1E\n";
+        let fs = parse_listing(text);
+        assert_eq!(fs[0].callees, ["g"], "0x1018 + 0xfe8 = 0x2000 is g's entry; 0x1004 + 0x10 is inside f");
+        assert_eq!(fs[0].stats.calls, 1);
+        // The same branch in `clang -S` form names a local label.
+        let mut r = Reader::new("f");
+        for (m, ops) in [("s_getpc_b64", "s[4:5]"), ("s_add_u32", "s4, s4, (.LBB0_7-.Lpost_getpc0)&4294967295"), ("s_addc_u32", "s5, s5, (.LBB0_7-.Lpost_getpc0)>>32"), ("s_setpc_b64", "s[4:5]")] {
+            r.instruction(m, ops, None, &BTreeMap::new());
+        }
+        assert_eq!((r.function.stats.calls, r.function.callees.len()), (0, 0));
     }
 
     #[test]

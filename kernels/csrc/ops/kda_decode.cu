@@ -26,6 +26,11 @@
 //  - kda_decode_generic_step (every other layout and dtype): one block per (row, head) runs all
 //    five steps, streaming the state through shared memory in chunks of kChunk value columns.
 //
+// prepare, norm and generic each come in a 16-byte form (the names above: head inputs, conv
+// history, output gate, norm weight, outputs and generic's state move as 16-byte vectors of 8
+// elements) and an *_unaligned twin, element by element, for any layout the contract allows;
+// the launcher picks the 16-byte form for K, V multiples of 8 and packed, aligned tensors.
+//
 // Slot 0 is the null slot: the output row is zeros and neither pool is touched. The device slot
 // is checked (k3/checks.h): outside [0, slots) it is reported and neither pool is touched (the
 // output row is left as it was); the head-0 block of a row also looks for its slot in the other
@@ -54,16 +59,68 @@ constexpr int kWsHeader = 4;
 // x, g, β, the conv and recurrent states and out are f32 or bf16 (KdaDecodePlan::check_args):
 // the generic and prepare kernels load and store them two ways instead of through
 // k3::load_f32's switch over every dtype, whose extra paths held enough uniform values to spill
-// SGPRs into VGPR lanes on gfx942/gfx950. (kda_decode_norm keeps k3::load_f32: nvcc unrolled its
-// loop with the two-way form, 48 registers instead of 32.)
+// SGPRs into VGPR lanes on gfx942/gfx950. (kda_decode_norm_unaligned keeps k3::load_f32: nvcc
+// unrolled its loop with the two-way form, 48 registers instead of 32.) bf16 widens by a shift
+// and narrows through the hardware conversion of k3/convert_hw.h (the low half of a packed
+// pair), not the software rounding of k3/convert.h (same results; NaN bits are the target's).
 K3_DEVICE float kda_decode_load(const void* p, int dt, int64_t i) {
-  return dt == k3::kBF16 ? k3::bf16_to_f32(k3::bf16{static_cast<const uint16_t*>(p)[i]}) : static_cast<const float*>(p)[i];
+  return dt == k3::kBF16 ? k3::uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16)
+                         : static_cast<const float*>(p)[i];
 }
 K3_DEVICE void kda_decode_store(void* p, int dt, int64_t i, float v) {
   if (dt == k3::kBF16) {
-    static_cast<uint16_t*>(p)[i] = k3::f32_to_bf16(v).bits;
+    static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(k3::pack_bf16x2_rn(v, 0.0f));
   } else {
     static_cast<float*>(p)[i] = v;
+  }
+}
+
+// Eight consecutive values of an f32 or bf16 tensor from element i, which the launcher checked
+// to be 16-byte aligned (the 16-byte kernels): one 16-byte load for bf16, two for f32. bf16
+// widens to f32 exactly by a shift (no conversion instruction exists or is needed).
+struct KdaDecodeF32x8 {
+  k3::f32x4 q[2];
+  K3_DEVICE float& operator[](int t) { return q[t >> 2].v[t & 3]; }
+  K3_DEVICE float operator[](int t) const { return q[t >> 2].v[t & 3]; }
+};
+K3_DEVICE KdaDecodeF32x8 kda_decode_load8(const void* p, int dt, int64_t i) {
+  KdaDecodeF32x8 r;
+  if (dt == k3::kBF16) {
+    const k3::u32x4 w = k3::load_16b(static_cast<const uint16_t*>(p) + i);
+    for (int c = 0; c < 4; ++c) {
+      r[2 * c] = k3::uint_as_float(w.v[c] << 16);
+      r[2 * c + 1] = k3::uint_as_float(w.v[c] & 0xffff0000u);
+    }
+  } else {
+    r.q[0] = k3::load_f32x4(static_cast<const float*>(p) + i);
+    r.q[1] = k3::load_f32x4(static_cast<const float*>(p) + i + 4);
+  }
+  return r;
+}
+// Eight values to element i (16-byte aligned): bf16 packed in pairs by the hardware conversion
+// (k3/convert_hw.h) into one 16-byte store, f32 as two.
+K3_DEVICE void kda_decode_store8(void* p, int dt, int64_t i, const KdaDecodeF32x8& x) {
+  if (dt == k3::kBF16) {
+    k3::u32x4 w;
+    for (int c = 0; c < 4; ++c) w.v[c] = k3::pack_bf16x2_rn(x[2 * c], x[2 * c + 1]);
+    k3::store_16b(static_cast<uint16_t*>(p) + i, w);
+  } else {
+    k3::store_f32x4(static_cast<float*>(p) + i, x.q[0]);
+    k3::store_f32x4(static_cast<float*>(p) + i + 4, x.q[1]);
+  }
+}
+// n (a multiple of 8) consecutive values from element i of an f32/bf16 tensor into the block's
+// shared f32 array dst (16-byte aligned), and back; every thread of the block calls them.
+K3_DEVICE void kda_decode_stage(float* dst, const void* src, int dt, int64_t i, int n) {
+  for (int e = 8 * static_cast<int>(k3::thread_idx_x()); e < n; e += 8 * kda_decode_fused::kThreads) {
+    const KdaDecodeF32x8 x = kda_decode_load8(src, dt, i + e);
+    k3::store_f32x4(dst + e, x.q[0]);
+    k3::store_f32x4(dst + e + 4, x.q[1]);
+  }
+}
+K3_DEVICE void kda_decode_unstage(void* dst, int dt, int64_t i, const float* src, int n) {
+  for (int e = 8 * static_cast<int>(k3::thread_idx_x()); e < n; e += 8 * kda_decode_fused::kThreads) {
+    kda_decode_store8(dst, dt, i + e, KdaDecodeF32x8{{k3::load_f32x4(src + e), k3::load_f32x4(src + e + 4)}});
   }
 }
 
@@ -93,6 +150,29 @@ K3_DEVICE float kda_decode_softplus(float x) {
   return u == 1.0f ? e : k3::log_f32(u) * (e / (u - 1.0f));
 }
 
+// Decay factor α = exp(g) of one key channel from its raw gate input f and dt bias.
+K3_DEVICE float kda_decode_decay(float f, float bias, int gate_mode, float lower_bound, float a_exp) {
+  const float z = f + bias;
+  float g = f;
+  if (gate_mode == kda_decode_fused::kGateLowerBound) g = lower_bound * k3::sigmoid_f32(a_exp * z);
+  if (gate_mode == kda_decode_fused::kGateSoftplus) g = -a_exp * kda_decode_softplus(z);
+  return k3::exp_f32(g);
+}
+
+// Conv tap j of one channel whose W-1 history values `he` sit in shared memory: taps 0..W-2
+// read the history (each value moved one place down right after it is read), tap W-1 the new
+// input xe, which becomes the newest history value.
+K3_DEVICE void kda_decode_tap(float* he, int j, int hist, float xe, float wj, float* acc) {
+  if (j < hist) {
+    const float hj = he[j];
+    *acc += wj * hj;
+    if (j > 0) he[j - 1] = hj;
+  } else {
+    *acc += wj * xe;
+    if (hist > 0) he[hist - 1] = xe;
+  }
+}
+
 // What steps 1–3 leave besides u (q | k | v after conv + SiLU) and α in shared memory.
 struct KdaDecodeHeadScalars {
   float beta, q_mul, k_mul;
@@ -119,40 +199,95 @@ struct KdaDecodeHeadScalars {
 // scratch stack (kda_decode_head_inputs on gfx942: 264 B, 126 scratch loads/stores, 54 AGPRs).
 
 // Steps 1–3 for the head of one block (all threads call it; it ends behind a barrier).
+// kVec (the 16-byte kernels; the launcher checks the conditions, kda_vector_inputs in
+// kernels/src/ops/kda_decode.rs): K and V multiples of 8; x, g_raw, the conv pool, the conv weights and dt_bias
+// 16-byte aligned with every head's run of channels starting on a 16-byte boundary (row strides
+// multiples of 8 elements, conv weights [D, W] and the pool's [D, W-1] packed, dt_bias unit
+// stride). The head's x and conv history then move through `stage` (shared, (2K+V)·W floats)
+// in 16-byte vectors, and the shifted history goes back the same way.
+template <bool kVec>
 K3_AMD_INLINE K3_DEVICE KdaDecodeHeadScalars kda_decode_head_inputs(
     KDA_DECODE_INPUT_PARAMS, int b, int h, int slot, int heads, int K, int V, int width, KDA_DECODE_GATE_PARAMS,
-    float* u, float* alpha, float* red /* [2][kWarps] */) {
+    float* u, float* alpha, float* red /* [2][kWarps] */, float* stage) {
   using namespace kda_decode_fused;
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int HK = heads * K, hist = width - 1;
   // 1. Conv + SiLU over the head's channels, shifting their conv state.
-  for (int e = tid; e < 2 * K + V; e += kThreads) {
-    const int c = e < K ? h * K + e : (e < 2 * K ? HK + h * K + (e - K) : 2 * HK + h * V + (e - 2 * K));
-    const int64_t cs = slot * cs_s0 + c * cs_s1;
-    // One tap at a time, each history value moved one place down right after it is read (a
-    // rolled loop: the register window of an unrolled one spilled SGPRs on AMD, and nvcc's
-    // unrolling took sm_100a to 64-72 registers instead of 48).
-    float acc = 0.0f;
+  if constexpr (kVec) {
+    const int C = 2 * K + V;
+    float* hs_sh = stage;            // [C][W-1]
+    float* x_sh = hs_sh + C * hist;  // [C]
+    // The head's channels are three runs (its q, k and v channels), each contiguous in x and
+    // the pool.
 K3_NO_UNROLL
-    for (int j = 0; j < hist; ++j) {
-      const float hj = kda_decode_load(conv_state, cs_dt, cs + j * cs_s2);
-      acc += conv_w[c * cw_s0 + j * cw_s1] * hj;
-      if (j > 0) kda_decode_store(conv_state, cs_dt, cs + (j - 1) * cs_s2, hj);
+    for (int r = 0; r < 3; ++r) {
+      const int e0 = r * K, n = r == 2 ? V : K, c0 = r * HK + h * (r == 2 ? V : K);
+      kda_decode_stage(hs_sh + e0 * hist, conv_state, cs_dt, slot * cs_s0 + c0 * cs_s1, n * hist);
+      kda_decode_stage(x_sh + e0, x, x_dt, b * x_s0 + c0, n);
     }
-    const float xv = kda_decode_load(x, x_dt, b * x_s0 + c);
-    acc += conv_w[c * cw_s0 + hist * cw_s1] * xv;
-    if (hist > 0) kda_decode_store(conv_state, cs_dt, cs + (hist - 1) * cs_s2, xv);
-    u[e] = acc * k3::sigmoid_f32(acc);
+    k3::sync_threads();
+    for (int e = tid; e < C; e += kThreads) {
+      const int c = e < K ? h * K + e : (e < 2 * K ? HK + h * K + (e - K) : 2 * HK + h * V + (e - 2 * K));
+      // The channel's W weights (a packed [D, W] row) straight from global memory, 16 bytes at a
+      // time when W is a multiple of 4 (every row 16-byte aligned): they are the same for every
+      // row of the batch, so L2 serves them, and staging them too would take 2 KiB more shared
+      // per 128 channels (gfx942: 4 blocks per CU instead of 7).
+      const float* we = conv_w + c * cw_s0;
+      float* he = hs_sh + e * hist;
+      const float xe = x_sh[e];
+      float acc = 0.0f;
+      if (width % 4 == 0) {
+K3_NO_UNROLL
+        for (int j0 = 0; j0 < width; j0 += 4) {
+          const k3::f32x4 w4 = k3::load_f32x4(we + j0);
+          for (int t = 0; t < 4; ++t) kda_decode_tap(he, j0 + t, hist, xe, w4.v[t], &acc);
+        }
+      } else {
+K3_NO_UNROLL
+        for (int j = 0; j < width; ++j) kda_decode_tap(he, j, hist, xe, we[j], &acc);
+      }
+      u[e] = acc * k3::sigmoid_f32(acc);
+    }
+    k3::sync_threads();
+K3_NO_UNROLL
+    for (int r = 0; r < 3; ++r) {
+      const int e0 = r * K, n = r == 2 ? V : K, c0 = r * HK + h * (r == 2 ? V : K);
+      kda_decode_unstage(conv_state, cs_dt, slot * cs_s0 + c0 * cs_s1, hs_sh + e0 * hist, n * hist);
+    }
+  } else {
+    for (int e = tid; e < 2 * K + V; e += kThreads) {
+      const int c = e < K ? h * K + e : (e < 2 * K ? HK + h * K + (e - K) : 2 * HK + h * V + (e - 2 * K));
+      const int64_t cs = slot * cs_s0 + c * cs_s1;
+      // One tap at a time, each history value moved one place down right after it is read (a
+      // rolled loop: the register window of an unrolled one spilled SGPRs on AMD, and nvcc's
+      // unrolling took sm_100a to 64-72 registers instead of 48).
+      float acc = 0.0f;
+K3_NO_UNROLL
+      for (int j = 0; j < hist; ++j) {
+        const float hj = kda_decode_load(conv_state, cs_dt, cs + j * cs_s2);
+        acc += conv_w[c * cw_s0 + j * cw_s1] * hj;
+        if (j > 0) kda_decode_store(conv_state, cs_dt, cs + (j - 1) * cs_s2, hj);
+      }
+      const float xv = kda_decode_load(x, x_dt, b * x_s0 + c);
+      acc += conv_w[c * cw_s0 + hist * cw_s1] * xv;
+      if (hist > 0) kda_decode_store(conv_state, cs_dt, cs + (hist - 1) * cs_s2, xv);
+      u[e] = acc * k3::sigmoid_f32(acc);
+    }
   }
   // 2. Decay gate.
   const float a_exp = gate_mode == kGateLowerBound || gate_mode == kGateSoftplus ? k3::exp_f32(a_log[h * al_s0]) : 0.0f;
-  for (int i = tid; i < K; i += kThreads) {
-    const float f = kda_decode_load(g_raw, g_dt, b * g_s0 + h * g_s1 + i);
-    const float z = f + (dt_bias != nullptr ? dt_bias[(h * K + i) * db_s0] : 0.0f);
-    float g = f;
-    if (gate_mode == kGateLowerBound) g = lower_bound * k3::sigmoid_f32(a_exp * z);
-    if (gate_mode == kGateSoftplus) g = -a_exp * kda_decode_softplus(z);
-    alpha[i] = k3::exp_f32(g);
+  if constexpr (kVec) {
+    for (int i = 8 * tid; i < K; i += 8 * kThreads) {
+      const KdaDecodeF32x8 f = kda_decode_load8(g_raw, g_dt, b * g_s0 + h * g_s1 + i);
+      const k3::f32x4 zero = {{0.0f, 0.0f, 0.0f, 0.0f}};
+      const KdaDecodeF32x8 bias = dt_bias != nullptr ? kda_decode_load8(dt_bias, k3::kF32, h * K + i) : KdaDecodeF32x8{{zero, zero}};
+      for (int c = 0; c < 8; ++c) alpha[i + c] = kda_decode_decay(f[c], bias[c], gate_mode, lower_bound, a_exp);
+    }
+  } else {
+    for (int i = tid; i < K; i += kThreads) {
+      const float f = kda_decode_load(g_raw, g_dt, b * g_s0 + h * g_s1 + i);
+      alpha[i] = kda_decode_decay(f, dt_bias != nullptr ? dt_bias[(h * K + i) * db_s0] : 0.0f, gate_mode, lower_bound, a_exp);
+    }
   }
   const float bv = kda_decode_load(beta_in, beta_dt, b * be_s0 + h * be_s1);
   KdaDecodeHeadScalars r{beta_sigmoid ? k3::sigmoid_f32(bv) : bv, scale, 1.0f};
@@ -184,15 +319,26 @@ K3_DEVICE bool kda_decode_claim_slot(const int32_t* state_indices, int64_t si_s0
   return true;
 }
 
-K3_KERNEL void kda_decode_generic_step(
-    KDA_DECODE_INPUT_PARAMS,
-    const int32_t* state_indices, int64_t si_s0,                             // [B]
-    void* state, int st_dt, int64_t st_slot, int64_t st_head, int64_t st_k, int64_t st_v, int k_fast,
-    const void* out_gate, int og_dt, int64_t og_s0, int64_t og_s1,           // [B, H, V] or null
-    const float* norm_w, int64_t nw_s0,                                      // [V] or null
-    void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V]
-    int heads, int head_k, int head_v, int width, int slots, KDA_DECODE_GATE_PARAMS, int gated_norm, float norm_eps,
-    int batch, k3::ErrorRecord* err) {
+// One block per (row, head), all five steps. kda_decode_generic_step (kVec) moves the head
+// inputs as kda_decode_prepare does, the state 8 elements at a time along its unit-stride dim
+// and the output gate, norm weight and outputs 8 columns at a time, all in 16-byte vectors (the
+// launcher checks K, V multiples of 8, the state's fast dim unit-stride, its other strides
+// multiples of 8 elements, and the inputs' and outputs' conditions);
+// kda_decode_generic_step_unaligned takes any layout the contract allows, element by element.
+#define KDA_DECODE_GENERIC_PARAMS                                                                                 \
+  KDA_DECODE_INPUT_PARAMS, const int32_t *state_indices, int64_t si_s0, /* [B] */                                 \
+      void *state, int st_dt, int64_t st_slot, int64_t st_head, int64_t st_k, int64_t st_v, int k_fast,          \
+      const void *out_gate, int og_dt, int64_t og_s0, int64_t og_s1, /* [B, H, V] or null */                      \
+      const float *norm_w, int64_t nw_s0,                            /* [V] or null */                            \
+      void *out, int out_dt, int64_t out_s0, int64_t out_s1,         /* [B, H, V] */                              \
+      int heads, int head_k, int head_v, int width, int slots, KDA_DECODE_GATE_PARAMS, int gated_norm, float norm_eps, \
+      int batch, k3::ErrorRecord *err
+#define KDA_DECODE_GENERIC_ARGS                                                                                      \
+  KDA_DECODE_INPUT_ARGS, state_indices, si_s0, state, st_dt, st_slot, st_head, st_k, st_v, k_fast, out_gate, og_dt, \
+      og_s0, og_s1, norm_w, nw_s0, out, out_dt, out_s0, out_s1, heads, head_k, head_v, width, slots,               \
+      KDA_DECODE_GATE_ARGS, gated_norm, norm_eps, batch, err
+template <bool kVec>
+K3_AMD_INLINE K3_DEVICE void kda_decode_generic_body(KDA_DECODE_GENERIC_PARAMS) {
   using namespace kda_decode_fused;
   const int row = static_cast<int>(k3::block_idx_x());
   const int b = row / heads;
@@ -209,11 +355,12 @@ K3_KERNEL void kda_decode_generic_step(
   float* alpha = u + 2 * K + V;            // [K] decay factors
   float* o = alpha + K;                    // [V] o = Sᵀq
   float* tile = o + V;                     // [K][kTileStride] one chunk of the state
+  float* stage = tile + K * kTileStride;   // kVec: [(2K + V)·W] conv history and x
   K3_SHARED(float, red, [3][kWarps]);
 
   KdaDecodeHeadScalars hs{0.0f, 0.0f, 0.0f};
-  if (live_row) hs = kda_decode_head_inputs(
-      KDA_DECODE_INPUT_ARGS, b, h, slot, heads, K, V, width, KDA_DECODE_GATE_ARGS, u, alpha, red[0]);
+  if (live_row) hs = kda_decode_head_inputs<kVec>(
+      KDA_DECODE_INPUT_ARGS, b, h, slot, heads, K, V, width, KDA_DECODE_GATE_ARGS, u, alpha, red[0], stage);
   const float beta = hs.beta, q_mul = hs.q_mul, k_mul = hs.k_mul;
 
   // 4. Delta rule, kChunk value columns at a time.
@@ -224,15 +371,29 @@ K3_KERNEL void kda_decode_generic_step(
   // Tile element e = tid + n·kThreads is (fast, slow) = (e % fast, e / fast), fast along the
   // state's closer-to-contiguous dim; both advance by constant steps, so the tile loops divide
   // once per kernel, not per element. They stay rolled: unrolled, nvcc used 95 registers (48).
+  // kVec: a thread's element is the first of 8 consecutive ones along the fast dim.
   const int fast = k_fast ? K : kChunk;
-  const int d_fast = kThreads % fast, d_slow = kThreads / fast;
-  const int f0 = tid % fast, s0 = tid / fast;
+  constexpr int kRun = kVec ? 8 : 1;
+  const int d_fast = kRun * kThreads % fast, d_slow = kRun * kThreads / fast;
+  const int f0 = kRun * tid % fast, s0 = kRun * tid / fast;
   for (int j0 = 0; live_row && j0 < V; j0 += kChunk) {
     // Coalesced load with the decay applied: consecutive threads walk the contiguous dim.
 K3_NO_UNROLL
-    for (int e = tid, f = f0, sl = s0; e < tile_elems; e += kThreads) {
+    for (int e = kRun * tid, f = f0, sl = s0; e < tile_elems; e += kRun * kThreads) {
       const int i = k_fast ? f : sl, c = k_fast ? sl : f;
-      if (j0 + c < V) tile[i * kTileStride + c] = alpha[i] * kda_decode_load(state, st_dt, s_base + i * st_k + (j0 + c) * st_v);
+      const int64_t at = s_base + i * st_k + (j0 + c) * st_v;
+      if constexpr (kVec) {
+        // V is a multiple of 8: a run along v is live or dead as a whole.
+        if (j0 + c < V) {
+          const KdaDecodeF32x8 x = kda_decode_load8(state, st_dt, at);
+          for (int t = 0; t < 8; ++t) {
+            if (k_fast) tile[(i + t) * kTileStride + c] = alpha[i + t] * x[t];
+            else tile[i * kTileStride + c + t] = alpha[i] * x[t];
+          }
+        }
+      } else {
+        if (j0 + c < V) tile[i * kTileStride + c] = alpha[i] * kda_decode_load(state, st_dt, at);
+      }
       f += d_fast;
       sl += d_slow + (f >= fast);
       f -= f >= fast ? fast : 0;
@@ -258,9 +419,18 @@ K3_NO_UNROLL
     if (live && lane_k == 0) o[j] = qs;
     k3::sync_threads();
 K3_NO_UNROLL
-    for (int e = tid, f = f0, sl = s0; e < tile_elems; e += kThreads) {
+    for (int e = kRun * tid, f = f0, sl = s0; e < tile_elems; e += kRun * kThreads) {
       const int i = k_fast ? f : sl, c = k_fast ? sl : f;
-      if (j0 + c < V) kda_decode_store(state, st_dt, s_base + i * st_k + (j0 + c) * st_v, tile[i * kTileStride + c]);
+      const int64_t at = s_base + i * st_k + (j0 + c) * st_v;
+      if constexpr (kVec) {
+        if (j0 + c < V) {
+          KdaDecodeF32x8 x;
+          for (int t = 0; t < 8; ++t) x[t] = k_fast ? tile[(i + t) * kTileStride + c] : tile[i * kTileStride + c + t];
+          kda_decode_store8(state, st_dt, at, x);
+        }
+      } else {
+        if (j0 + c < V) kda_decode_store(state, st_dt, at, tile[i * kTileStride + c]);
+      }
       f += d_fast;
       sl += d_slow + (f >= fast);
       f -= f >= fast ? fast : 0;
@@ -276,25 +446,51 @@ K3_NO_UNROLL
     ss = kda_decode_block_sum(ss, red[2]);
     inv_rms = 1.0f / k3::sqrt_f32(ss / static_cast<float>(V) + norm_eps);
   }
-  const int64_t out_row = b * out_s0 + h * out_s1;
-  for (int jv = tid; jv < V; jv += kThreads) {
-    float y = live_row ? o[jv] : 0.0f;
-    if (gated_norm && live_row) {
-      const float gate = kda_decode_load(out_gate, og_dt, b * og_s0 + h * og_s1 + jv);
-      y = norm_w[jv * nw_s0] * y * inv_rms * k3::sigmoid_f32(gate);
+  const int64_t out_row = b * out_s0 + h * out_s1, og_row = b * og_s0 + h * og_s1;
+  if constexpr (kVec) {
+    for (int jv = 8 * tid; jv < V; jv += 8 * kThreads) {
+      KdaDecodeF32x8 y;
+      for (int t = 0; t < 8; ++t) y[t] = live_row ? o[jv + t] : 0.0f;
+      if (gated_norm && live_row) {
+        const KdaDecodeF32x8 gate = kda_decode_load8(out_gate, og_dt, og_row + jv);
+        const KdaDecodeF32x8 nw = kda_decode_load8(norm_w, k3::kF32, jv);
+        for (int t = 0; t < 8; ++t) y[t] = nw[t] * y[t] * inv_rms * k3::sigmoid_f32(gate[t]);
+      }
+      kda_decode_store8(out, out_dt, out_row + jv, y);
     }
-    kda_decode_store(out, out_dt, out_row + jv, y);
+  } else {
+    for (int jv = tid; jv < V; jv += kThreads) {
+      float y = live_row ? o[jv] : 0.0f;
+      if (gated_norm && live_row) {
+        const float gate = kda_decode_load(out_gate, og_dt, og_row + jv);
+        y = norm_w[jv * nw_s0] * y * inv_rms * k3::sigmoid_f32(gate);
+      }
+      kda_decode_store(out, out_dt, out_row + jv, y);
+    }
   }
 }
+K3_KERNEL void kda_decode_generic_step(KDA_DECODE_GENERIC_PARAMS) { kda_decode_generic_body<true>(KDA_DECODE_GENERIC_ARGS); }
 K3_EXPORT(kda_decode_generic_step);
+K3_KERNEL void kda_decode_generic_step_unaligned(KDA_DECODE_GENERIC_PARAMS) {
+  kda_decode_generic_body<false>(KDA_DECODE_GENERIC_ARGS);
+}
+K3_EXPORT(kda_decode_generic_step_unaligned);
 
 // V-split, launch 1 of 3: steps 1–3 of one (row, head) into its workspace row `ws + row·ws_row`.
-K3_KERNEL void kda_decode_prepare(
-    KDA_DECODE_INPUT_PARAMS,
-    const int32_t* state_indices, int64_t si_s0,                             // [B]
-    float* ws, int64_t ws_row,                                               // [B·H, ws_row]
-    void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V]: null rows only
-    int heads, int head_k, int head_v, int width, int slots, KDA_DECODE_GATE_PARAMS, int batch, k3::ErrorRecord* err) {
+// kda_decode_prepare moves the head's inputs, conv history and (null rows) outputs in 16-byte
+// vectors (kda_decode_head_inputs<true>; `out` 16-byte aligned with row strides multiples of 8
+// elements); kda_decode_prepare_unaligned takes any layout the contract allows.
+#define KDA_DECODE_PREPARE_PARAMS                                                                   \
+  KDA_DECODE_INPUT_PARAMS, const int32_t *state_indices, int64_t si_s0, /* [B] */                   \
+      float *ws, int64_t ws_row,                                        /* [B·H, ws_row] */         \
+      void *out, int out_dt, int64_t out_s0, int64_t out_s1, /* [B, H, V]: null rows only */        \
+      int heads, int head_k, int head_v, int width, int slots, KDA_DECODE_GATE_PARAMS, int batch, \
+      k3::ErrorRecord *err
+#define KDA_DECODE_PREPARE_ARGS                                                                                   \
+  KDA_DECODE_INPUT_ARGS, state_indices, si_s0, ws, ws_row, out, out_dt, out_s0, out_s1, heads, head_k, head_v, \
+      width, slots, KDA_DECODE_GATE_ARGS, batch, err
+template <bool kVec>
+K3_AMD_INLINE K3_DEVICE void kda_decode_prepare_body(KDA_DECODE_PREPARE_PARAMS) {
   using namespace kda_decode_fused;
   const int row = static_cast<int>(k3::block_idx_x());
   const int b = row / heads;
@@ -307,22 +503,31 @@ K3_KERNEL void kda_decode_prepare(
   if (!ok || slot == 0) {
     if (tid == 0) w[0] = k3::uint_as_float(0u);  // tells the split and norm kernels to skip the row
     if (ok) {  // the null slot: zeros out
-      for (int j = tid; j < V; j += kThreads) kda_decode_store(out, out_dt, b * out_s0 + h * out_s1 + j, 0.0f);
+      const int64_t o = b * out_s0 + h * out_s1;
+      if constexpr (kVec) {
+        const k3::f32x4 zero = {{0.0f, 0.0f, 0.0f, 0.0f}};
+        for (int j = 8 * tid; j < V; j += 8 * kThreads) kda_decode_store8(out, out_dt, o + j, KdaDecodeF32x8{{zero, zero}});
+      } else {
+        for (int j = tid; j < V; j += kThreads) kda_decode_store(out, out_dt, o + j, 0.0f);
+      }
     }
     return;
   }
   float* u = k3::dynamic_shared<float>();  // [2K + V]: q | k | v of this head after conv + SiLU
   float* alpha = u + 2 * K + V;            // [K] decay factors
+  float* stage = alpha + K;                // kVec: [(2K + V)·W] conv history and x
   K3_SHARED(float, red, [2][kWarps]);
-  const KdaDecodeHeadScalars hs = kda_decode_head_inputs(
-      KDA_DECODE_INPUT_ARGS, b, h, slot, heads, K, V, width, KDA_DECODE_GATE_ARGS, u, alpha, red[0]);
+  const KdaDecodeHeadScalars hs = kda_decode_head_inputs<kVec>(
+      KDA_DECODE_INPUT_ARGS, b, h, slot, heads, K, V, width, KDA_DECODE_GATE_ARGS, u, alpha, red[0], stage);
+  // q̂ | k̂ | α | v, every part a multiple of 4 floats (split_shapes) and 16-byte aligned.
   float* vecs = w + kWsHeader;
-  for (int i = tid; i < K; i += kThreads) {
-    vecs[i] = u[i] * hs.q_mul;
-    vecs[K + i] = u[K + i] * hs.k_mul;
-    vecs[2 * K + i] = alpha[i];
+  for (int e = tid; e < (3 * K + V) / 4; e += kThreads) {
+    const int i = 4 * e;
+    k3::f32x4 y = k3::load_f32x4(i < 2 * K ? u + i : (i < 3 * K ? alpha + (i - 2 * K) : u + (i - K)));
+    const float m = i < K ? hs.q_mul : (i < 2 * K ? hs.k_mul : 1.0f);
+    for (int c = 0; c < 4; ++c) y.v[c] *= m;
+    k3::store_f32x4(vecs + i, y);
   }
-  for (int j = tid; j < V; j += kThreads) vecs[3 * K + j] = u[2 * K + j];
   // The Σo² padding is summed by kda_decode_norm's vector loads: keep it zero.
   const int used = kWsHeader + 3 * K + 2 * V + V / 4;
   for (int e = used + tid; e < ws_row; e += kThreads) w[e] = 0.0f;
@@ -331,7 +536,12 @@ K3_KERNEL void kda_decode_prepare(
     w[1] = hs.beta;
   }
 }
+K3_KERNEL void kda_decode_prepare(KDA_DECODE_PREPARE_PARAMS) { kda_decode_prepare_body<true>(KDA_DECODE_PREPARE_ARGS); }
 K3_EXPORT(kda_decode_prepare);
+K3_KERNEL void kda_decode_prepare_unaligned(KDA_DECODE_PREPARE_PARAMS) {
+  kda_decode_prepare_body<false>(KDA_DECODE_PREPARE_ARGS);
+}
+K3_EXPORT(kda_decode_prepare_unaligned);
 
 // Four consecutive outputs from element i of `out`; bf16 pairs go through the hardware pack
 // (k3/convert_hw.h) as 32-bit stores when the address allows it, other cases element by element.
@@ -345,6 +555,8 @@ K3_AMD_INLINE K3_DEVICE void kda_decode_store4(void* out, int out_dt, int64_t i,
       return;
     }
   }
+  // (k3::store_f32 here, not kda_decode_store: with the latter nvcc took kda_decode_norm_unaligned
+  // from 32 to 52 registers on sm_90a.)
   for (int c = 0; c < 4; ++c) k3::store_f32(out, out_dt, i + c, y.v[c]);
 }
 
@@ -448,13 +660,20 @@ K3_KERNEL KDA_DECODE_SPLIT_BOUNDS void kda_decode_fused_step(
 K3_EXPORT(kda_decode_fused_step);
 
 // V-split, launch 3 of 3 (gated norm only): step 5 of one (row, head), kThreads threads, from
-// o and the Σo² partials of its workspace row, summed in a fixed order.
-K3_KERNEL void kda_decode_norm(
-    const float* ws, int64_t ws_row,                                         // [B·H, ws_row]
-    const void* out_gate, int og_dt, int64_t og_s0, int64_t og_s1,           // [B, H, V], unit inner
-    const float* norm_w, int64_t nw_s0,                                      // [V]
-    void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V], unit inner
-    int heads, int head_k, int head_v, float norm_eps) {
+// o and the Σo² partials of its workspace row, summed in a fixed order. kda_decode_norm moves
+// 8 columns per thread in 16-byte vectors (V a multiple of 8; the output gate and `out` 16-byte
+// aligned with row strides multiples of 8 elements, the norm weight unit-stride and aligned);
+// kda_decode_norm_unaligned takes any layout the contract allows.
+#define KDA_DECODE_NORM_PARAMS                                                                   \
+  const float *ws, int64_t ws_row,                                   /* [B·H, ws_row] */           \
+      const void *out_gate, int og_dt, int64_t og_s0, int64_t og_s1, /* [B, H, V], unit inner */ \
+      const float *norm_w, int64_t nw_s0,                            /* [V] */                     \
+      void *out, int out_dt, int64_t out_s0, int64_t out_s1,         /* [B, H, V], unit inner */ \
+      int heads, int head_k, int head_v, float norm_eps
+#define KDA_DECODE_NORM_ARGS \
+  ws, ws_row, out_gate, og_dt, og_s0, og_s1, norm_w, nw_s0, out, out_dt, out_s0, out_s1, heads, head_k, head_v, norm_eps
+template <bool kVec>
+K3_AMD_INLINE K3_DEVICE void kda_decode_norm_body(KDA_DECODE_NORM_PARAMS) {
   using namespace kda_decode_fused;
   const int row = static_cast<int>(k3::block_idx_x());
   const int b = row / heads;
@@ -471,14 +690,30 @@ K3_KERNEL void kda_decode_norm(
     ss += (p.v[0] + p.v[1]) + (p.v[2] + p.v[3]);
   }
   const float inv_rms = 1.0f / k3::sqrt_f32(ss / static_cast<float>(V) + norm_eps);
-  for (int e = tid; e < V / 4; e += kThreads) {
-    k3::f32x4 y = k3::load_f32x4(o + 4 * e);
-    for (int c = 0; c < 4; ++c) {
-      const int jv = 4 * e + c;
-      const float gate = k3::load_f32(out_gate, og_dt, b * og_s0 + h * og_s1 + jv);
-      y.v[c] = norm_w[jv * nw_s0] * y.v[c] * inv_rms * k3::sigmoid_f32(gate);
+  const int64_t og = b * og_s0 + h * og_s1, ob = b * out_s0 + h * out_s1;
+  if constexpr (kVec) {
+    for (int j = 8 * tid; j < V; j += 8 * kThreads) {
+      KdaDecodeF32x8 y{{k3::load_f32x4(o + j), k3::load_f32x4(o + j + 4)}};
+      const KdaDecodeF32x8 gate = kda_decode_load8(out_gate, og_dt, og + j);
+      const KdaDecodeF32x8 nw = kda_decode_load8(norm_w, k3::kF32, j);
+      for (int c = 0; c < 8; ++c) {
+        y[c] = nw[c] * y[c] * inv_rms * k3::sigmoid_f32(gate[c]);
+      }
+      kda_decode_store8(out, out_dt, ob + j, y);
     }
-    kda_decode_store4(out, out_dt, b * out_s0 + h * out_s1 + 4 * e, y);
+  } else {
+    for (int e = tid; e < V / 4; e += kThreads) {
+      k3::f32x4 y = k3::load_f32x4(o + 4 * e);
+      for (int c = 0; c < 4; ++c) {
+        const int jv = 4 * e + c;
+        const float gate = k3::load_f32(out_gate, og_dt, og + jv);
+        y.v[c] = norm_w[jv * nw_s0] * y.v[c] * inv_rms * k3::sigmoid_f32(gate);
+      }
+      kda_decode_store4(out, out_dt, ob + 4 * e, y);
+    }
   }
 }
+K3_KERNEL void kda_decode_norm(KDA_DECODE_NORM_PARAMS) { kda_decode_norm_body<true>(KDA_DECODE_NORM_ARGS); }
 K3_EXPORT(kda_decode_norm);
+K3_KERNEL void kda_decode_norm_unaligned(KDA_DECODE_NORM_PARAMS) { kda_decode_norm_body<false>(KDA_DECODE_NORM_ARGS); }
+K3_EXPORT(kda_decode_norm_unaligned);

@@ -9,6 +9,12 @@
 //!   column vectors of a head) that still gives 4 blocks per SM / CU of the device.
 //! - Otherwise `kda_decode_generic_step`: one block of [`THREADS`] per (row, head), the state
 //!   streamed through a shared-memory tile of K × [`CHUNK`] f32.
+//!
+//! prepare, norm and generic each have a 16-byte form (the names above: inputs, conv history,
+//! output gate, norm weight, outputs and, in generic, the state move as 16-byte vectors of 8
+//! elements) and an `*_unaligned` twin that takes any layout the contract allows. The host picks
+//! the 16-byte form when K and V are multiples of 8 and the tensors are packed and aligned
+//! ([`vec8`], `kda_vector_inputs`, `kda_vector_outputs`), as K3's are.
 
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
 use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
@@ -222,9 +228,20 @@ impl<R: Runtime> GpuBackend<R> {
         self.push_checks(&mut a, stream)?;
         let blocks = rows_of(p)?;
         let smem = shared_bytes(p).unwrap_or(usize::MAX);
+        // The 16-byte kernel also stages the head's x and conv history ((2K+V)·W f32).
+        let staged = smem.saturating_add(staged_bytes(p));
+        let (fast, slow) = if st_k < st_v { (st_k, st_v) } else { (st_v, st_k) };
+        let rest = [st.strides[0], st.strides[1], slow];
+        let vector = fast == 1
+            && vec8(st_ptr, &rest)
+            && staged.saturating_add(STATIC_SHARED) <= self.device_info().shared_mem_per_block
+            && self.kda_vector_outputs(args, gated)
+            && self.kda_vector_inputs(p, args);
+        let (kernel, smem) =
+            if vector { ("kda_decode_generic_step", staged) } else { ("kda_decode_generic_step_unaligned", smem) };
         let smem = u32::try_from(smem)
             .map_err(|_| kernel_api::Error::unsupported("params.head_k", "shared tile too large"))?;
-        self.launch("kda_decode_generic_step", LaunchConfig::new(blocks, THREADS, smem), &mut a, stream)
+        self.launch(kernel, LaunchConfig::new(blocks, THREADS, smem), &mut a, stream)
     }
 
     fn kda_run_split(
@@ -250,8 +267,16 @@ impl<R: Runtime> GpuBackend<R> {
         Self::kda_push_gate_scalars(&mut a, p);
         arg(&mut a, to_i32("params.batch", p.batch)?);
         self.push_checks(&mut a, stream)?;
-        let smem = 4 * (3 * p.head_k + p.head_v) as u32; // q | k | v and α (sizes bounded by split_shapes)
-        self.launch("kda_decode_prepare", LaunchConfig::new(rows, THREADS, smem), &mut a, stream)?;
+        // q | k | v and α; the 16-byte kernel also stages the head's x and conv history.
+        let head = 4 * (3 * p.head_k + p.head_v);
+        let staged = head.saturating_add(staged_bytes(p));
+        let fits = staged.saturating_add(STATIC_SHARED) <= self.device_info().shared_mem_per_block;
+        let (prepare, smem) = if fits && self.kda_vector_outputs(args, false) && self.kda_vector_inputs(p, args) {
+            ("kda_decode_prepare", staged)
+        } else {
+            ("kda_decode_prepare_unaligned", head)
+        };
+        self.launch(prepare, LaunchConfig::new(rows, THREADS, smem as u32), &mut a, stream)?;
         // 2. the delta rule on the state slices.
         let col_vecs = p.head_v / 4;
         let vecs = split_vecs(rows as usize, col_vecs, self.device_info().compute_units as usize);
@@ -283,8 +308,49 @@ impl<R: Runtime> GpuBackend<R> {
         self.kda_push_out(&mut a, args);
         push_dims(&mut a, p)?;
         arg(&mut a, eps);
-        self.launch("kda_decode_norm", LaunchConfig::new(rows, THREADS, 0), &mut a, stream)
+        let norm = if self.kda_vector_outputs(args, true) { "kda_decode_norm" } else { "kda_decode_norm_unaligned" };
+        self.launch(norm, LaunchConfig::new(rows, THREADS, 0), &mut a, stream)
     }
+
+    /// Whether `out` (and with `gated`, the output gate and norm weight) take 8-column vectors:
+    /// 16-byte aligned rows (strides multiples of 8 elements), a unit-stride aligned norm weight.
+    fn kda_vector_outputs(&self, args: &KdaDecodeArgs<'_, Self>, gated: bool) -> bool {
+        let out = &args.out.layout;
+        let gate_ok = |g: &TensorRef<'_, Self>| vec8(self.ptr(g.buf, &g.layout), &g.layout.strides[..2]);
+        let weight_ok = |n: &TensorRef<'_, Self>| n.layout.strides[0] == 1 && vec8(self.ptr(n.buf, &n.layout), &[]);
+        vec8(self.ptr(&*args.out.buf, out), &out.strides[..2])
+            && (!gated || args.output_gate.as_ref().is_some_and(gate_ok) && args.norm_weight.as_ref().is_some_and(weight_ok))
+    }
+
+    /// Whether the 16-byte kernels (`kda_decode_prepare`, `kda_decode_generic_step`) may read
+    /// the head inputs: K and V multiples of 8, and x, g_raw, the conv weights, the conv pool
+    /// and dt_bias laid out so that every head's run of channels starts 16-byte aligned
+    /// (`kda_decode_head_inputs<true>`). K3's tensors (contiguous, fresh allocations) qualify.
+    fn kda_vector_inputs(&self, p: &KdaDecodeParams, args: &KdaDecodeArgs<'_, Self>) -> bool {
+        let (x, g) = (&args.x_qkv.layout, &args.g_raw.layout);
+        let (cw, cs, w) = (&args.conv_weight.layout, &args.conv_state.layout, p.conv_width);
+        let dt_bias = args.dt_bias.as_ref().filter(|_| p.gate.uses_gate_params());
+        p.head_k.is_multiple_of(8)
+            && p.head_v.is_multiple_of(8)
+            && vec8(self.ptr(args.x_qkv.buf, x), &x.strides[..1])
+            && vec8(self.ptr(args.g_raw.buf, g), &g.strides[..2])
+            && cw.strides[..] == [w, 1]
+            && vec8(self.ptr(args.conv_weight.buf, cw), &[])
+            && (w == 1 || cs.strides[1..] == [w - 1, 1] && vec8(self.ptr(&*args.conv_state.buf, cs), &cs.strides[..1]))
+            && dt_bias.is_none_or(|t| t.layout.strides[0] == 1 && vec8(self.ptr(t.buf, &t.layout), &[]))
+    }
+}
+
+/// Shared bytes the 16-byte prepare and generic kernels add for the head's conv history and x:
+/// (2K + V)·W f32 (saturating: a width the device cannot hold picks the `*_unaligned` kernel).
+fn staged_bytes(p: &KdaDecodeParams) -> usize {
+    (2 * p.head_k + p.head_v).saturating_mul(p.conv_width).saturating_mul(4)
+}
+
+/// Whether a tensor takes vectors of 8 elements (16 bytes of bf16, two 16-byte f32 halves):
+/// its address 16-byte aligned and the given strides (in elements) multiples of 8.
+fn vec8(ptr: DevicePtr, strides: &[usize]) -> bool {
+    ptr.0.is_multiple_of(16) && strides.iter().all(|s| s.is_multiple_of(8))
 }
 
 /// Whether the output goes through the gated RMSNorm, and its epsilon.
