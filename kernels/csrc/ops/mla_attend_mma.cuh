@@ -83,9 +83,9 @@ K3_DEVICE MmaSmem carve_mma(uint8_t* s) {
 // The multiplier slot of padded column `col`.
 K3_DEVICE int mult_slot(int col, int lp) { return col < lp ? col / kScaleTile : kMultSlots - 1; }
 
-// A raw staged KV tile (kRaw) as the fragment loads read it: token t's row at rows + t * pitch; padded
-// column `col` < fp8_cols is the e4m3 code at byte col (decoded here), any other column the bf16
-// at byte bf16_off + 2 * col. Multipliers (tile-scaled format only): the f32 scales stored in
+// A raw staged KV tile (kRaw) as the fragment loads read it: token t's row at rows + t * pitch;
+// padded column `col` < fp8_cols is the e4m3 code at byte col (decoded here), any other column
+// the bf16 at byte bf16_off + 2 * col. Multipliers (tile-scaled format only): the f32 scales stored in
 // the raw row at scale_byte.
 struct KvStage {
   const uint8_t* rows;
