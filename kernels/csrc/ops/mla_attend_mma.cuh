@@ -3,10 +3,17 @@
 // QK^T and PV as k3::mma bf16 products accumulating in f32 (mma.sync m16n8k16 at warp 32,
 // MFMA 16x16x16 at warp 64; the fragment maps of k3/mma_layout.h make the code shape-generic).
 //
-// - Staging: the KV tile as raw bf16 (exact for every format, see mla_attend.cuh) in rows of
-//   `wpad` = pad16(latent) + pad16(rope) columns at the bank-conflict-free pitch kv_pitch(wpad)
-//   (mla_kv_load.cuh), rope from column pad16(latent), zero padding;
-//   per-(token, 128-tile) multipliers for the tile-scaled format.
+// - Staging (`*_mma` at warp 32): a two-stage pipeline (see kKvStages, kRawStaging): the cache
+//   rows as stored, copied by k3::AsyncCopy (cp.async 16 B on CUDA) into the stage after the one
+//   being multiplied, at a bank-conflict-free pitch raw_pitch (mla_kv_load.cuh); the K and V
+//   fragment loads decode them (fp8 pairs by the packed hardware converts, the tile scales read
+//   from the staged row). Per tile: one barrier for "previous tile consumed" (then the next
+//   copies are issued), a wait for this tile's group, one barrier for "tile visible".
+// - Staging (`*_mma` at warp 64, AMD, whose copies are synchronous: load_tile's 16-byte path;
+//   `*_mma_unaligned`: load_tile, bytewise if it must): the KV tile as raw bf16 (exact for
+//   every format, see mla_attend.cuh) in rows of `wpad` = pad16(latent) + pad16(rope) columns
+//   at pitch kv_pitch(wpad), rope from column pad16(latent), zero padding, per-(token,
+//   128-tile) multipliers for the tile-scaled format, loaded through registers.
 // - QK^T: the 36 (K3) k-steps of 16 dims are dealt round-robin to the warps, each warp holding
 //   its queries' A fragments in registers for the whole item; a k-step lies in one scale tile,
 //   so tile-scaled caches scale each k-step's product per token column. Warp partials of S
@@ -29,15 +36,28 @@ constexpr int kMaxKSteps = kMaxWidth / 16;                       // k-steps of Q
 constexpr int kQSteps = (kMaxKSteps + kWarps - 1) / kWarps;      // per warp
 constexpr int kPvTiles = kMaxLatent / Shape::N / kWarps;         // output n-tiles per warp
 constexpr int kMaxWarps = kBlock / 32;                           // shared layout for any warp size
+constexpr int kMaxRowUnits = 2 * kMaxWidth / 16;                 // 16-byte units of the widest raw row (bf16)
 static_assert(kRows * kMmaTile == kBlock, "one thread per score");
 static_assert(kRows == Shape::M, "a row tile is one MMA M tile");
 
 K3_HOST_DEVICE constexpr int pad16(int x) { return (x + 15) / 16 * 16; }
 
-// Dynamic shared bytes of the MMA core for padded row width `wpad`.
-K3_HOST_DEVICE constexpr int mma_shared_bytes(int wpad) {
+// Copies one thread has in flight in the pipeline (k3::AsyncCopy's capacity): its share of a
+// tile's 16-byte units, per stage.
+constexpr int kCopySlots = kKvStages * ((kMmaTile + kWarps - 1) / kWarps) * ((kMaxRowUnits + k3::kWarpSize - 1) / k3::kWarpSize);
+
+// Bytes of the KV area: the bf16 tile, or the raw pipeline stages (`raw`: kVec && kRawStaging),
+// which also hold the bf16 query rows while their fragments are read.
+K3_HOST_DEVICE constexpr int kv_area_bytes(bool raw, int wpad, int row_bytes) {
+  return raw && kKvStages * kMmaTile * raw_pitch(row_bytes) > 2 * kMmaTile * kv_pitch(wpad) ? kKvStages * kMmaTile * raw_pitch(row_bytes)
+                                                                                             : 2 * kMmaTile * kv_pitch(wpad);
+}
+
+// Dynamic shared bytes of the MMA core for padded row width `wpad` and raw row bytes
+// `row_bytes` (kernels/src/ops/mla_decode.rs mirrors it).
+K3_HOST_DEVICE constexpr int mma_shared_bytes(bool raw, int wpad, int row_bytes) {
   return 4 * kMaxWarps * kRows * kMmaTile + 4 * kRows * kMmaTile + 4 * kRows * 2 + 4 * kMmaTile * kMultSlots +
-         2 * kMmaTile * kv_pitch(wpad);
+         kv_area_bytes(raw, wpad, row_bytes);
 }
 
 struct MmaSmem {
@@ -63,12 +83,76 @@ K3_DEVICE MmaSmem carve_mma(uint8_t* s) {
 // The multiplier slot of padded column `col`.
 K3_DEVICE int mult_slot(int col, int lp) { return col < lp ? col / kScaleTile : kMultSlots - 1; }
 
+// A raw staged KV tile (kRaw) as the fragment loads read it: token t's row at rows + t * pitch;
+// padded column `col` < fp8_cols is the e4m3 code at byte col (decoded here), any other column
+// the bf16 at byte bf16_off + 2 * col. Multipliers (tile-scaled format only): the f32 scales stored in
+// the raw row at scale_byte.
+struct KvStage {
+  const uint8_t* rows;
+  int pitch;
+  int fp8_cols;
+  int bf16_off;
+  int scale_byte;
+  bool fnuz;
+};
+
+// bf16 bits of columns col, col + 1 (col even) of token t, packed low first.
+K3_DEVICE uint32_t stage_pair(const KvStage& s, int t, int col) {
+  const uint8_t* row = s.rows + t * s.pitch;
+  if (col < s.fp8_cols) return k3::e4m3_x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(row + col), s.fnuz);
+  return *reinterpret_cast<const uint32_t*>(row + s.bf16_off + 2 * col);
+}
+
+K3_DEVICE uint16_t stage_value(const KvStage& s, int t, int col) {
+  const uint8_t* row = s.rows + t * s.pitch;
+  if (col < s.fp8_cols) return static_cast<uint16_t>(k3::e4m3_x2_to_bf16x2(row[col], s.fnuz));
+  return *reinterpret_cast<const uint16_t*>(row + s.bf16_off + 2 * col);
+}
+
+K3_DEVICE float stage_mult(const KvStage& s, int t, int slot) {
+  return slot < kMultSlots - 1 ? *reinterpret_cast<const float*>(s.rows + t * s.pitch + s.scale_byte + 4 * slot) : 1.0f;
+}
+
+// The B fragment's slots come in pairs (2i, 2i + 1) of adjacent k (even first) at one n, so a
+// K fragment (B = K^T: k = column, n = token) reads whole column pairs.
+K3_HOST_DEVICE constexpr bool b_pairs_adjacent() {
+  for (int lane = 0; lane < Shape::kWarp; ++lane) {
+    for (int i = 0; i < Shape::kBSlots; i += 2) {
+      const k3::layout::RC a = Shape::b(lane, i), b = Shape::b(lane, i + 1);
+      if (a.row % 2 != 0 || b.row != a.row + 1 || b.col != a.col) return false;
+    }
+  }
+  return true;
+}
+static_assert(b_pairs_adjacent(), "K fragment loads read column pairs");
+
+// B = K^T over tokens t0 .. t0 + N and columns col0 .. col0 + 16.
+K3_DEVICE void load_k_frag(k3::mma::FragB<Shape>& f, const KvStage& s, int t0, int col0) {
+  K3_UNROLL
+  for (int i = 0; i < Shape::kBSlots; i += 2) {
+    const k3::layout::RC rc = k3::mma::b_coord<Shape>(i);
+    const uint32_t w = stage_pair(s, t0 + rc.col, col0 + rc.row);
+    f.x[i] = static_cast<uint16_t>(w & 0xffffu);
+    f.x[i + 1] = static_cast<uint16_t>(w >> 16);
+  }
+}
+
+// B = V over the tile's tokens (k) and columns col0 .. col0 + N.
+K3_DEVICE void load_v_frag(k3::mma::FragB<Shape>& f, const KvStage& s, int col0) {
+  K3_UNROLL
+  for (int i = 0; i < Shape::kBSlots; ++i) {
+    const k3::layout::RC rc = k3::mma::b_coord<Shape>(i);
+    f.x[i] = stage_value(s, rc.row, col0 + rc.col);
+  }
+}
+
 // As mla::attend, for bf16 queries (q.dt == kBF16) and pad16(latent) + pad16(rope) <= 576.
-// kVec (the host's choice, vector_kernel in kernels/src/ops/mla_decode.rs): the cache takes
-// load_tile's 16-byte path (vector_path(c)), and the query rows are 16-byte aligned (q.q, q.off,
-// q.st, q.sh multiples of 8 elements); the row tile's queries are then staged through the KV
-// buffer in 16-byte loads and the fragments read from shared memory. Otherwise each fragment
-// slot is one 2-byte global load and the cache may go bytewise.
+// kVec (the host's choice, vector_kernel in kernels/src/ops/mla_decode.rs): the cache rows are
+// 16-byte copyable (vector_path(c)), and the query rows are 16-byte aligned (q.q, q.off, q.st,
+// q.sh multiples of 8 elements); the row tile's queries are then staged through the KV area in
+// 16-byte loads and the fragments read from shared memory, and the KV tiles run through the
+// copy pipeline. Otherwise each query fragment slot is one 2-byte global load and the cache
+// goes through load_tile (bytewise if it must).
 template <bool kVec>
 K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
                           const Dest& dst, uint8_t* shared) {
@@ -122,6 +206,32 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     }
   }
 
+  // The KV stages (kRaw: kVec at warp 32): raw cache rows (see mla_kv_load.cuh, "Raw staging"),
+  // tile i in stage i % kKvStages, the copies of tile i + 1 in flight while tile i is multiplied.
+  // Otherwise one tile staged as bf16 by load_tile, multipliers in sm.mult.
+  constexpr bool kRaw = kVec && kRawStaging;
+  const int row_bytes = raw_row_bytes(c.kind, c.latent, c.rope);
+  const int rpitch = raw_pitch(row_bytes);
+  KvStage st;
+  st.rows = reinterpret_cast<const uint8_t*>(sm.raw);
+  st.pitch = rpitch;
+  st.fp8_cols = c.kind == kFormatFlat ? wpad : (tiled ? c.latent : 0);
+  st.bf16_off = tiled ? c.latent + 4 * ((c.latent + kScaleTile - 1) / kScaleTile) - 2 * c.latent : 0;
+  st.scale_byte = c.latent;
+  st.fnuz = c.fnuz != 0;
+  uint8_t* const stages = reinterpret_cast<uint8_t*>(sm.raw);
+  constexpr int kAhead = kKvStages - 1;  // tiles in flight beyond the one being multiplied
+  k3::AsyncCopy<kCopySlots> cp;
+  if constexpr (kRaw) {
+    k3::sync_threads();  // the query rows are read; the stages may be overwritten
+    K3_UNROLL
+    for (int a = 0; a < kAhead; ++a) {
+      const int sa = r.kv_start + a * kMmaTile;
+      if (sa < kv_hi) issue_tile(cp, c, sa, kv_hi - sa < kMmaTile ? kv_hi - sa : kMmaTile, kMmaTile, row_bytes, rpitch, stages + a * kMmaTile * rpitch);
+      cp.commit();
+    }
+  }
+
   // The softmax state of row `srow` lives in the 16 threads (srow, 0..15).
   const int srow = tid / kMmaTile, scol = tid % kMmaTile;
   const int rho = r.rho0 + srow;
@@ -134,11 +244,23 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   K3_UNROLL
   for (int u = 0; u < kPvTiles; ++u) k3::mma::fill(oacc[u], 0.0f);
 
-  for (int s0 = r.kv_start; s0 < kv_hi; s0 += kMmaTile) {
+  int tile = 0;
+  for (int s0 = r.kv_start; s0 < kv_hi; s0 += kMmaTile, ++tile) {
     const int n = kv_hi - s0 < kMmaTile ? kv_hi - s0 : kMmaTile;
-    k3::sync_threads();  // the previous tile is consumed
-    load_tile<kVec>(c, s0, n, kMmaTile, wpad, lp, sm.raw, sm.mult);
-    k3::sync_threads();
+    k3::sync_threads();  // the previous tile is consumed (its stage is refilled below)
+    if constexpr (kRaw) {
+      const int sa = s0 + kAhead * kMmaTile;
+      if (sa < kv_hi) {
+        issue_tile(cp, c, sa, kv_hi - sa < kMmaTile ? kv_hi - sa : kMmaTile, kMmaTile, row_bytes, rpitch,
+                   stages + (tile + kAhead) % kKvStages * kMmaTile * rpitch);
+      }
+      cp.commit();
+      cp.template wait<kAhead>();  // this thread's copies of tile `tile` landed
+      st.rows = stages + tile % kKvStages * kMmaTile * rpitch;
+    } else {
+      load_tile<kVec>(c, s0, n, kMmaTile, wpad, lp, sm.raw, sm.mult);
+    }
+    k3::sync_threads();  // ... and everyone's
 
     // S partials of this warp's k-steps.
     K3_UNROLL
@@ -150,7 +272,11 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
         const int ks = warp + i * kWarps;
         if (ks >= nks) continue;  // warp-uniform
         k3::mma::FragB<Shape> kb;
-        k3::mma::load_b_transposed(kb, reinterpret_cast<const k3::bf16*>(sm.raw + nt * Shape::N * pitch + ks * 16), pitch);
+        if constexpr (kRaw) {
+          load_k_frag(kb, st, nt * Shape::N, ks * 16);
+        } else {  // the bf16 tile, read as before the pipeline (fewer registers on AMD)
+          k3::mma::load_b_transposed(kb, reinterpret_cast<const k3::bf16*>(sm.raw + nt * Shape::N * pitch + ks * 16), pitch);
+        }
         if (tiled) {
           k3::mma::FragC<Shape> t;
           k3::mma::fill(t, 0.0f);
@@ -159,7 +285,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
           K3_UNROLL
           for (int e = 0; e < Shape::kCSlots; ++e) {
             const k3::layout::RC rc = k3::mma::c_coord<Shape>(e);
-            sacc.x[e] += t.x[e] * sm.mult[(nt * Shape::N + rc.col) * kMultSlots + slot];
+            sacc.x[e] += t.x[e] * (kRaw ? stage_mult(st, nt * Shape::N + rc.col, slot) : sm.mult[(nt * Shape::N + rc.col) * kMultSlots + slot]);
           }
         } else {
           k3::mma::mma_sync(sacc, qa[i], kb, sacc);
@@ -198,7 +324,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
       for (int e = 0; e < Shape::kASlots; ++e) {
         const k3::layout::RC rc = k3::mma::a_coord<Shape>(e);
         float pv = sm.p[rc.row * kMmaTile + rc.col];
-        if (tiled) pv *= sm.mult[rc.col * kMultSlots + slot];
+        if (tiled) pv *= kRaw ? stage_mult(st, rc.col, slot) : sm.mult[rc.col * kMultSlots + slot];
         const k3::bf16 h = k3::f32_to_bf16(pv);
         hi.x[e] = h.bits;
         lo.x[e] = k3::f32_to_bf16(pv - k3::bf16_to_f32(h)).bits;
@@ -206,7 +332,11 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
       K3_UNROLL
       for (int e = 0; e < Shape::kCSlots; ++e) oacc[u].x[e] *= sm.alpha[k3::mma::c_coord<Shape>(e).row];
       k3::mma::FragB<Shape> vb;
-      k3::mma::load_b(vb, reinterpret_cast<const k3::bf16*>(sm.raw + col0), pitch);
+      if constexpr (kRaw) {
+        load_v_frag(vb, st, col0);
+      } else {
+        k3::mma::load_b(vb, reinterpret_cast<const k3::bf16*>(sm.raw + col0), pitch);
+      }
       k3::mma::mma_sync(oacc[u], hi, vb, oacc[u]);
       k3::mma::mma_sync(oacc[u], lo, vb, oacc[u]);
     }

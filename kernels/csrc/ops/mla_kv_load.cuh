@@ -14,8 +14,9 @@
 // one 16-byte shared store; an fp8 unit is 16 values dequantised in registers to bf16 by the
 // packed hardware converts of k3/convert_hw.h (exact), two 16-byte shared stores. Otherwise the
 // general path reads the row bytewise (any dims and strides; the tests cover both). The `*_mma`
-// kernels instantiate load_tile<true>, which has only the fast path (the host runs them only
-// when it applies); the f32-query and `*_mma_unaligned` kernels choose per launch.
+// kernels at warp 64 (AMD) instantiate load_tile<true>, which has only the fast path (the host
+// runs them only when it applies); at warp 32 they copy raw rows asynchronously instead
+// (issue_tile below). The f32-query and `*_mma_unaligned` kernels choose per launch.
 //
 // Pitch: kv_pitch rounds the row up to 8 mod 64 bf16s, so rows start 16-byte aligned and 4
 // banks apart. An mma.sync B fragment (8 token rows x 4 words) then covers the 32 banks once, an
@@ -155,6 +156,56 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_widt
         raw[t * pitch + i] = live && e >= 0 ? raw_value(c, row, e, rope_byte) : 0;
       }
     }
+  }
+}
+
+
+// ---- Raw staging for the `*_mma` kernels' pipeline (mla_attend_mma.cuh) ----
+// There the cache rows land in shared memory as they are stored (bf16, fp8, or tile-scaled fp8
+// with its scales and bf16 rope), copied by k3::AsyncCopy, and are decoded at fragment load.
+// A copy cannot convert, so decoding at load is what lets the copy be asynchronous; the
+// fragment loads convert two fp8 codes per packed hardware instruction (k3/convert_hw.h), and
+// each staged value is read by one fragment load per k-step, so no conversion is repeated.
+//
+// Stages, by warp size (the host knows it; the emulator at warp 64 and the HIP stand-ins then
+// size shared memory and stage as AMD does): 2 at warp 32, where the copies are asynchronous (cp.async on
+// CUDA; held back until their wait in the emulator, which so checks the pipeline's waits), so
+// tile t+1 lands while tile t is multiplied. 1 at warp 64 (AMD), where k3::AsyncCopy is a
+// synchronous register-staged copy (see k3/async_copy.h): a second buffer would not overlap
+// anything and would cost LDS (MI300X holds two blocks per CU only under 32 KiB each). The host
+// mirrors this (kernels/src/ops/mla_decode.rs, kv_stages).
+constexpr int kKvStages = k3::kWarpSize == 32 ? 2 : 1;
+// With one stage nothing overlaps, so warp 64 keeps staging decoded bf16 (load_tile<true>):
+// decoding at fragment load cost gfx942 56 VGPRs (v200 -> v256, 2 -> 1 blocks per CU) and
+// gfx950 32 B of scratch in the prefill kernel.
+constexpr bool kRawStaging = kKvStages > 1;
+
+// Bytes of one cache row as stored (the vector path's formats: latent a multiple of 16).
+K3_HOST_DEVICE constexpr int raw_row_bytes(int kind, int latent, int rope) {
+  return kind == kFormatBf16 ? 2 * (latent + rope)
+                             : (kind == kFormatFlat ? latent + rope : latent + 4 * ((latent + kScaleTile - 1) / kScaleTile) + 2 * rope);
+}
+
+// Pitch of a raw staged row: rounded up to 16 mod 128 bytes, as kv_pitch (16-byte aligned rows,
+// four banks apart).
+K3_HOST_DEVICE constexpr int raw_pitch(int row_bytes) { return row_bytes + ((16 - row_bytes) % 128 + 128) % 128; }
+
+// Issues the copies of tokens s0 .. s0 + n (n <= tokens <= warp size) of the cache into `dst`
+// (rows at `pitch`); rows n .. tokens are zero-filled (a stale row could hold NaN codes, and P = 0
+// times NaN is NaN). Every thread of the block calls it (the shuffles need whole warps); the
+// caller commits and waits. Row offsets as in load_tile: one block-table read and division per
+// token, by lane j for token s0 + j, entries bound-checked per page before the first tile.
+template <class Copy>
+K3_DEVICE void issue_tile(Copy& cp, const Cache& c, int s0, int n, int tokens, int row_bytes, int pitch, uint8_t* dst) {
+  const int lane = static_cast<int>(k3::lane_id());
+  const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;
+  const int warps = static_cast<int>(k3::block_dim_x()) / k3::kWarpSize;
+  const int units = row_bytes / 16;
+  const int64_t my_row = lane < n ? row_offset(c, s0 + lane) : 0;
+  for (int t = warp; t < tokens; t += warps) {  // warp-uniform
+    const uint8_t* row = c.base + k3::shfl(my_row, t);
+    const bool live = t < n;
+    for (int u = lane; u < units; u += k3::kWarpSize) cp.copy_16b_or_zero(dst + t * pitch + 16 * u, row + 16 * u, live);
   }
 }
 

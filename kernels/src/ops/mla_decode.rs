@@ -11,8 +11,12 @@
 //!
 //! bf16 queries run the `*_mma` kernels (QK^T and PV on tensor cores / MFMA), f32 queries the
 //! f32 SIMT kernels (the tests hold f32 inputs to f32 accuracy, which bf16 operands cannot give).
-//! The `*_mma` kernels read queries and cache rows only in 16-byte loads; inputs they cannot
-//! (unaligned pointers, strides or dims, see `vector_kernel`) run `*_mma_unaligned`.
+//! The `*_mma` kernels read queries and cache rows only in 16-byte transfers; inputs they cannot
+//! (unaligned pointers, strides or dims, see `vector_kernel`) run `*_mma_unaligned`. At warp 32
+//! (CUDA) the `*_mma` kernels pipeline the KV tiles: the cache rows as stored are copied by
+//! cp.async (k3::AsyncCopy) into the stage after the one being multiplied and decoded at
+//! fragment load (two stages, so their dynamic shared memory depends on the cache format,
+//! `raw_pitch`); at warp 64 (AMD, synchronous copies) they stage one decoded bf16 tile.
 
 use super::mla_format::{format_codes, ByteLayout};
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
@@ -25,7 +29,7 @@ use kernel_api::ops::mla_decode::{
 };
 use kernel_api::ops::MlaDecodeParams;
 use kernel_api::error::Reasons;
-use kernel_api::{DType, Dim, Error, Result, TensorRef};
+use kernel_api::{Backend, DType, Dim, Error, Result, TensorRef};
 
 /// Threads of the attention kernels (`mla::kBlock`), rows per row tile (`mla::kRows`), tokens
 /// per KV tile (`mla::kTile`) and the SIMT path's register budget.
@@ -51,14 +55,39 @@ fn shared_bytes(width: usize) -> u32 {
     (4 * ROWS * TILE + 4 * TILE * 5 + 2 * TILE * kv_pitch(width)) as u32
 }
 
+/// `mla::kKvStages` and `mla::kRawStaging`: the `*_mma` kernels pipeline two raw KV tiles at
+/// warp 32 (cp.async on CUDA, deferred copies in the emulator); at warp 64 (AMD, whose copy is
+/// synchronous) they stage one decoded bf16 tile.
+fn raw_stages(warp_size: u32) -> Option<usize> {
+    (warp_size == 32).then_some(2)
+}
+
+/// `mla::raw_pitch(mla::raw_row_bytes(...))`: a cache row as stored, padded to 16 mod 128 bytes.
+fn raw_pitch(c: &MlaPagedCache) -> usize {
+    let (latent, rope) = (c.dims.latent, c.dims.rope);
+    let bytes = match c.format {
+        KvCacheFormat::Bf16 => 2 * (latent + rope),
+        KvCacheFormat::Fp8Flat(_) => latent + rope,
+        KvCacheFormat::Fp8Tiled(_) => latent + 4 * latent.div_ceil(128) + 2 * rope,
+    };
+    bytes + (16 + 128 - bytes % 128) % 128
+}
+
 /// Which attention core a launch uses: the tensor-core one (`*_mma` kernels) for bf16 queries
 /// whose 16-padded row fits, else the f32 SIMT one. Returns the kernel name suffix and the
-/// dynamic shared bytes.
-fn core(q_dtype: DType, c: &MlaPagedCache) -> (&'static str, u32) {
+/// dynamic shared bytes; `vec`: the 16-byte `*_mma` form (raw pipeline stages at warp 32), else
+/// `*_mma_unaligned` (one bf16 tile).
+fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32) -> (&'static str, u32) {
     let wpad = c.dims.latent.next_multiple_of(16) + c.dims.rope.next_multiple_of(16);
     if q_dtype == DType::BF16 && wpad <= MAX_WIDTH {
-        // `mla::mma_shared_bytes`: 8 warps' partial scores, P, alpha, l, multipliers, raw tile.
-        ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + 2 * MMA_TILE * kv_pitch(wpad)) as u32)
+        // `mla::mma_shared_bytes`: 8 warps' partial scores, P, alpha, l, multipliers, KV area
+        // (the bf16 tile, or the raw stages, which also hold the bf16 query rows at first).
+        let bf16_tile = 2 * MMA_TILE * kv_pitch(wpad);
+        let kv_area = match raw_stages(warp_size) {
+            Some(stages) if vec => bf16_tile.max(stages * MMA_TILE * raw_pitch(c)),
+            _ => bf16_tile,
+        };
+        ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + kv_area) as u32)
     } else {
         ("", shared_bytes(c.dims.width()))
     }
@@ -87,12 +116,10 @@ impl<R: Runtime> GpuBackend<R> {
     /// The kernel `family` (`mla_decode_gluon`, ...) runs as for these tensors: its `_mma`,
     /// `_mma_unaligned` or f32 form, with its dynamic shared bytes.
     fn attention_kernel(&self, family: &str, q: &TensorRef<'_, Self>, c: &MlaPagedCache, cache: &TensorRef<'_, Self>) -> (String, u32) {
-        let (suffix, smem) = core(q.layout.dtype, c);
-        let aligned = || {
-            let (qp, cp) = (self.ptr(q.buf, &q.layout), self.ptr(cache.buf, &cache.layout));
-            vector_kernel(qp, &q.layout.strides, cp, &ByteLayout::of(&cache.layout), c)
-        };
-        let tail = if suffix == "_mma" && !aligned() { "_unaligned" } else { "" };
+        let (qp, cp) = (self.ptr(q.buf, &q.layout), self.ptr(cache.buf, &cache.layout));
+        let aligned = vector_kernel(qp, &q.layout.strides, cp, &ByteLayout::of(&cache.layout), c);
+        let (suffix, smem) = core(q.layout.dtype, c, aligned, self.device_info().warp_size);
+        let tail = if suffix == "_mma" && !aligned { "_unaligned" } else { "" };
         (format!("{family}{suffix}{tail}"), smem)
     }
 }
