@@ -239,10 +239,13 @@ pub enum MlaKernel {
 /// How the kv dimension is split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MlaSplitPolicy {
-    /// Balance over `device_info().compute_units`: the asm partition fills the units; Gluon
-    /// picks a split count that fills them (see [`MlaSchedule`]).
+    /// Balance over the blocks the device runs at once: `device_info().compute_units` in the
+    /// trait's default `plan`, times the attention kernels' resident blocks per unit where the
+    /// backend knows them (the GPU backends: 2 per CU on gfx942 / gfx950). The asm partition
+    /// fills those slots; Gluon picks the most splits that still run in one wave (see
+    /// [`MlaSchedule`]).
     Auto,
-    /// As `Auto`, for a device with this many compute units (tuning, tests).
+    /// As `Auto`, for a device with this many block slots (tuning, tests).
     ComputeUnits(u32),
     /// Exactly this many kv splits per sequence (GluonStyle only; AsmStyle partitions by
     /// compute units and reports it as unsupported).
@@ -306,8 +309,9 @@ pub struct MlaDecodePlan {
 }
 
 impl MlaDecodePlan {
-    /// All backend-independent validation, variant resolution and the schedule. `compute_units`
-    /// is the device's, used unless the split policy names its own.
+    /// All backend-independent validation, variant resolution and the schedule. `compute_units`:
+    /// the blocks the device runs at once (see [`MlaSplitPolicy::Auto`]), used unless the split
+    /// policy names its own.
     pub fn new(p: &MlaDecodeParams, batch: &MlaDecodeBatch<'_>, compute_units: u32) -> Result<Self> {
         p.cache.validate()?;
         check_heads(p.heads)?;

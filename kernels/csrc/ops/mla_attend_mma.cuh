@@ -3,12 +3,13 @@
 // QK^T and PV as k3::mma bf16 products accumulating in f32 (mma.sync m16n8k16 at warp 32,
 // MFMA 16x16x16 at warp 64; the fragment maps of k3/mma_layout.h make the code shape-generic).
 //
-// - Staging (`*_mma` at warp 32): a two-stage pipeline (see kKvStages, kRawStaging): the cache
-//   rows as stored, copied by k3::AsyncCopy (cp.async 16 B on CUDA) into the stage after the one
-//   being multiplied, at a bank-conflict-free pitch raw_pitch (mla_kv_load.cuh); the K and V
-//   fragment loads decode them (fp8 pairs by the packed hardware converts, the tile scales read
-//   from the staged row). Per tile: one barrier for "previous tile consumed" (then the next
-//   copies are issued), a wait for this tile's group, one barrier for "tile visible".
+// - Staging (`*_mma` at warp 32): a two- or three-stage pipeline (raw_stages, kRawStaging):
+//   the cache rows as stored, copied by k3::AsyncCopy (cp.async 16 B on CUDA) one or two tiles
+//   ahead of the one being multiplied, at a bank-conflict-free pitch raw_pitch
+//   (mla_kv_load.cuh); the K and V fragment loads decode them (fp8 pairs by the packed
+//   hardware converts, the tile scales read from the staged row). Per tile: one barrier for
+//   "previous tile consumed" (then the next copies are issued), a wait for this tile's group,
+//   one barrier for "tile visible".
 // - Staging (`*_mma` at warp 64, AMD, whose copies are synchronous: load_tile's 16-byte path;
 //   `*_mma_unaligned`: load_tile, bytewise if it must): the KV tile as raw bf16 (exact for
 //   every format, see mla_attend.cuh) in rows of `wpad` = pad16(latent) + pad16(rope) columns
@@ -42,15 +43,28 @@ static_assert(kRows == Shape::M, "a row tile is one MMA M tile");
 
 K3_HOST_DEVICE constexpr int pad16(int x) { return (x + 15) / 16 * 16; }
 
+// Stages of the raw pipeline for cache rows of `row_bytes` (1 where kMaxKvStages is 1): two
+// tiles ahead of the one being multiplied when they fit kAheadBytes, else one. The kernels hold
+// one block per SM (registers), so the bytes in flight per SM are the tiles ahead: two tiles of
+// K3's fp8 rows (2 x 16 x 656 B = 21 KB, BENCHMARKS.md "MLA round 4") match one tile of bf16
+// rows (18.7 KB), and a second bf16 tile ahead would take the block past the 48 KiB of shared
+// memory a launch has without opting in (65.7 KB instead of 47 KB).
+constexpr int kAheadBytes = 24 * 1024;
+K3_HOST_DEVICE constexpr int raw_stages(int row_bytes) {
+  return kMaxKvStages == 1 ? 1 : (2 * kMmaTile * raw_pitch(row_bytes) <= kAheadBytes ? 3 : 2);
+}
+static_assert(kMaxKvStages <= 3, "the pipeline's wait (attend_mma) covers at most two tiles ahead");
+
 // Copies one thread has in flight in the pipeline (k3::AsyncCopy's capacity): its share of a
 // tile's 16-byte units, per stage.
-constexpr int kCopySlots = kKvStages * ((kMmaTile + kWarps - 1) / kWarps) * ((kMaxRowUnits + k3::kWarpSize - 1) / k3::kWarpSize);
+constexpr int kCopySlots = kMaxKvStages * ((kMmaTile + kWarps - 1) / kWarps) * ((kMaxRowUnits + k3::kWarpSize - 1) / k3::kWarpSize);
 
 // Bytes of the KV area: the bf16 tile, or the raw pipeline stages (`raw`: kVec && kRawStaging),
 // which also hold the bf16 query rows while their fragments are read.
 K3_HOST_DEVICE constexpr int kv_area_bytes(bool raw, int wpad, int row_bytes) {
-  return raw && kKvStages * kMmaTile * raw_pitch(row_bytes) > 2 * kMmaTile * kv_pitch(wpad) ? kKvStages * kMmaTile * raw_pitch(row_bytes)
-                                                                                             : 2 * kMmaTile * kv_pitch(wpad);
+  return raw && raw_stages(row_bytes) * kMmaTile * raw_pitch(row_bytes) > 2 * kMmaTile * kv_pitch(wpad)
+             ? raw_stages(row_bytes) * kMmaTile * raw_pitch(row_bytes)
+             : 2 * kMmaTile * kv_pitch(wpad);
 }
 
 // Dynamic shared bytes of the MMA core for padded row width `wpad` and raw row bytes
@@ -207,7 +221,8 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   }
 
   // The KV stages (kRaw: kVec at warp 32): raw cache rows (see mla_kv_load.cuh, "Raw staging"),
-  // tile i in stage i % kKvStages, the copies of tile i + 1 in flight while tile i is multiplied.
+  // tile i in stage i % n_stages (`stage`, `fill` below), the copies of tiles i + 1 .. i + ahead
+  // in flight while tile i is multiplied.
   // Otherwise one tile staged as bf16 by load_tile, multipliers in sm.mult.
   constexpr bool kRaw = kVec && kRawStaging;
   const int row_bytes = raw_row_bytes(c.kind, c.latent, c.rope);
@@ -220,12 +235,13 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   st.scale_byte = c.latent;
   st.fnuz = c.fnuz != 0;
   uint8_t* const stages = reinterpret_cast<uint8_t*>(sm.raw);
-  constexpr int kAhead = kKvStages - 1;  // tiles in flight beyond the one being multiplied
+  const int n_stages = raw_stages(row_bytes);
+  const int ahead = n_stages - 1;  // tiles in flight beyond the one being multiplied
+  int stage = 0, fill = ahead;     // the stages of the tile at s0 and of the one `ahead` later
   k3::AsyncCopy<kCopySlots> cp;
   if constexpr (kRaw) {
     k3::sync_threads();  // the query rows are read; the stages may be overwritten
-    K3_UNROLL
-    for (int a = 0; a < kAhead; ++a) {
+    for (int a = 0; a < ahead; ++a) {
       const int sa = r.kv_start + a * kMmaTile;
       if (sa < kv_hi) issue_tile(cp, c, sa, kv_hi - sa < kMmaTile ? kv_hi - sa : kMmaTile, kMmaTile, row_bytes, rpitch, stages + a * kMmaTile * rpitch);
       cp.commit();
@@ -244,19 +260,25 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   K3_UNROLL
   for (int u = 0; u < kPvTiles; ++u) k3::mma::fill(oacc[u], 0.0f);
 
-  int tile = 0;
-  for (int s0 = r.kv_start; s0 < kv_hi; s0 += kMmaTile, ++tile) {
+  for (int s0 = r.kv_start; s0 < kv_hi; s0 += kMmaTile) {
     const int n = kv_hi - s0 < kMmaTile ? kv_hi - s0 : kMmaTile;
     k3::sync_threads();  // the previous tile is consumed (its stage is refilled below)
     if constexpr (kRaw) {
-      const int sa = s0 + kAhead * kMmaTile;
+      const int sa = s0 + ahead * kMmaTile;
       if (sa < kv_hi) {
         issue_tile(cp, c, sa, kv_hi - sa < kMmaTile ? kv_hi - sa : kMmaTile, kMmaTile, row_bytes, rpitch,
-                   stages + (tile + kAhead) % kKvStages * kMmaTile * rpitch);
+                   stages + fill * kMmaTile * rpitch);
       }
       cp.commit();
-      cp.template wait<kAhead>();  // this thread's copies of tile `tile` landed
-      st.rows = stages + tile % kKvStages * kMmaTile * rpitch;
+      // This thread's copies of the tile at s0 landed (`ahead` younger groups may be pending).
+      if (ahead == 2) {
+        cp.template wait<2>();
+      } else {
+        cp.template wait<1>();
+      }
+      st.rows = stages + stage * kMmaTile * rpitch;
+      stage = stage + 1 == n_stages ? 0 : stage + 1;
+      fill = fill + 1 == n_stages ? 0 : fill + 1;
     } else {
       load_tile<kVec>(c, s0, n, kMmaTile, wpad, lp, sm.raw, sm.mult);
     }

@@ -168,17 +168,18 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_widt
 // each staged value is read by one fragment load per k-step, so no conversion is repeated.
 //
 // Stages, by warp size (the host knows it; the emulator at warp 64 and the HIP stand-ins then
-// size shared memory and stage as AMD does): 2 at warp 32, where the copies are asynchronous (cp.async on
-// CUDA; held back until their wait in the emulator, which so checks the pipeline's waits), so
-// tile t+1 lands while tile t is multiplied. 1 at warp 64 (AMD), where k3::AsyncCopy is a
+// size shared memory and stage as AMD does): up to 3 at warp 32, where the copies are
+// asynchronous (cp.async on CUDA; held back until their wait in the emulator, which so checks
+// the pipeline's waits), so the next tiles land while tile t is multiplied; how many is
+// raw_stages (mla_attend_mma.cuh), by row size. 1 at warp 64 (AMD), where k3::AsyncCopy is a
 // synchronous register-staged copy (see k3/async_copy.h): a second buffer would not overlap
 // anything and would cost LDS (MI300X holds two blocks per CU only under 32 KiB each). The host
-// mirrors this (kernels/src/ops/mla_decode.rs, kv_stages).
-constexpr int kKvStages = k3::kWarpSize == 32 ? 2 : 1;
+// mirrors this (kernels/src/ops/mla_decode.rs, raw_stages).
+constexpr int kMaxKvStages = k3::kWarpSize == 32 ? 3 : 1;
 // With one stage nothing overlaps, so warp 64 keeps staging decoded bf16 (load_tile<true>):
 // decoding at fragment load cost gfx942 56 VGPRs (v200 -> v256, 2 -> 1 blocks per CU) and
 // gfx950 32 B of scratch in the prefill kernel.
-constexpr bool kRawStaging = kKvStages > 1;
+constexpr bool kRawStaging = kMaxKvStages > 1;
 
 // Bytes of one cache row as stored (the vector path's formats: latent a multiple of 16).
 K3_HOST_DEVICE constexpr int raw_row_bytes(int kind, int latent, int rope) {

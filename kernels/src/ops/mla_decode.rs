@@ -5,8 +5,9 @@
 //!   one split, `mla_decode_reduce` over the (batch, head group) entries.
 //! - Asm: `mla_decode_asm_schedule` rebuilds the plan's partition in the workspace from the
 //!   device `seq_lens` (in `run`, or once per step in `prepare_schedule`, which `run_prepared`
-//!   then skips), `mla_decode_asm` runs one persistent block per compute unit over its
-//!   items, `mla_decode_reduce` merges the split pairs.
+//!   then skips), `mla_decode_asm` runs one persistent block per resident block slot (compute
+//!   units x `attention_resident_blocks`) over its items, `mla_decode_reduce` merges the split
+//!   pairs.
 //! - Prefill: one launch over (row tile, head group, sequence) reading the device `cu_seqlens_q`.
 //!
 //! bf16 queries run the `*_mma` kernels (QK^T and PV on tensor cores / MFMA), f32 queries the
@@ -14,9 +15,10 @@
 //! The `*_mma` kernels read queries and cache rows only in 16-byte transfers; inputs they cannot
 //! (unaligned pointers, strides or dims, see `vector_kernel`) run `*_mma_unaligned`. At warp 32
 //! (CUDA) the `*_mma` kernels pipeline the KV tiles: the cache rows as stored are copied by
-//! cp.async (k3::AsyncCopy) into the stage after the one being multiplied and decoded at
-//! fragment load (two stages, so their dynamic shared memory depends on the cache format,
-//! `raw_pitch`); at warp 64 (AMD, synchronous copies) they stage one decoded bf16 tile.
+//! cp.async (k3::AsyncCopy) one or two tiles ahead of the one being multiplied and decoded
+//! at fragment load (3 stages for fp8 caches, 2 for bf16, `raw_stages`; their dynamic shared
+//! memory depends on the cache format, `raw_pitch`); at warp 64 (AMD, synchronous copies) they
+//! stage one decoded bf16 tile.
 
 use super::mla_format::{format_codes, ByteLayout};
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
@@ -24,7 +26,7 @@ use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
 use kernel_api::ops::check_workspace;
 use kernel_api::ops::kv_cache::KvCacheFormat;
 use kernel_api::ops::mla_decode::{
-    MlaDecode, MlaDecodeArgs, MlaDecodePlan, MlaKernel, MlaPagedCache, MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedParams,
+    MlaDecode, MlaDecodeArgs, MlaDecodeBatch, MlaDecodePlan, MlaKernel, MlaPagedCache, MlaPrefillAbsorbed, MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedParams,
     MlaPrefillAbsorbedPlan, MlaPreparedSchedule, HEAD_GROUP,
 };
 use kernel_api::ops::MlaDecodeParams;
@@ -55,11 +57,13 @@ fn shared_bytes(width: usize) -> u32 {
     (4 * ROWS * TILE + 4 * TILE * 5 + 2 * TILE * kv_pitch(width)) as u32
 }
 
-/// `mla::kKvStages` and `mla::kRawStaging`: the `*_mma` kernels pipeline two raw KV tiles at
-/// warp 32 (cp.async on CUDA, deferred copies in the emulator); at warp 64 (AMD, whose copy is
-/// synchronous) they stage one decoded bf16 tile.
-fn raw_stages(warp_size: u32) -> Option<usize> {
-    (warp_size == 32).then_some(2)
+/// `mla::raw_stages` and `mla::kRawStaging`: at warp 32 the `*_mma` kernels pipeline raw KV
+/// tiles (cp.async on CUDA, deferred copies in the emulator), two ahead of the one being
+/// multiplied when two tiles of rows fit `mla::kAheadBytes` (fp8 caches: 3 stages), else one
+/// (bf16 cache: 2); at warp 64 (AMD, whose copy is synchronous) they stage one decoded bf16 tile.
+fn raw_stages(warp_size: u32, c: &MlaPagedCache) -> Option<usize> {
+    const AHEAD_BYTES: usize = 24 * 1024;
+    (warp_size == 32).then(|| if 2 * MMA_TILE * raw_pitch(c) <= AHEAD_BYTES { 3 } else { 2 })
 }
 
 /// `mla::raw_pitch(mla::raw_row_bytes(...))`: a cache row as stored, padded to 16 mod 128 bytes.
@@ -73,6 +77,18 @@ fn raw_pitch(c: &MlaPagedCache) -> usize {
     bytes + (16 + 128 - bytes % 128) % 128
 }
 
+/// Resident blocks per SM / CU of the `*_mma` attention kernels (bf16 queries: K3's) at their K3
+/// launches, as benches/kernel-resources.json derives them from the binaries (registers, shared
+/// memory and the card's limits; the unit test below fails when a regenerated report
+/// disagrees): 1 on sm_90a / sm_100a / sm_103a (208-238 registers x 256 threads), 2 on gfx942
+/// (VGPRs and 64 KiB of LDS) and gfx950 (VGPRs). Other devices take 1, one block per unit.
+fn attention_resident_blocks(arch: &str) -> u32 {
+    match arch {
+        "gfx942" | "gfx950" => 2,
+        _ => 1,
+    }
+}
+
 /// Which attention core a launch uses: the tensor-core one (`*_mma` kernels) for bf16 queries
 /// whose 16-padded row fits, else the f32 SIMT one. Returns the kernel name suffix and the
 /// dynamic shared bytes; `vec`: the 16-byte `*_mma` form (raw pipeline stages at warp 32), else
@@ -83,7 +99,7 @@ fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32) -> (&'stat
         // `mla::mma_shared_bytes`: 8 warps' partial scores, P, alpha, l, multipliers, KV area
         // (the bf16 tile, or the raw stages, which also hold the bf16 query rows at first).
         let bf16_tile = 2 * MMA_TILE * kv_pitch(wpad);
-        let kv_area = match raw_stages(warp_size) {
+        let kv_area = match raw_stages(warp_size, c) {
             Some(stages) if vec => bf16_tile.max(stages * MMA_TILE * raw_pitch(c)),
             _ => bf16_tile,
         };
@@ -183,6 +199,19 @@ impl<R: Runtime> GpuBackend<R> {
 }
 
 impl<R: Runtime> MlaDecode for GpuBackend<R> {
+    /// Balances over the blocks the device holds at once, compute units x
+    /// [`attention_resident_blocks`] (`Auto`; `ComputeUnits(n)` names that count itself): on
+    /// MI300X / MI355X the asm partition runs 2 persistent blocks per CU (608 / 512, both
+    /// resident) and Gluon's auto split fills the same count. The f32-query and
+    /// `*_mma_unaligned` forms hold one block per CU there and run those blocks in two rounds of
+    /// half the work each.
+    fn plan(&self, params: &MlaDecodeParams, batch: &MlaDecodeBatch<'_>) -> Result<MlaDecodePlan> {
+        let info = self.device_info();
+        let plan = MlaDecodePlan::new(params, batch, info.compute_units.saturating_mul(attention_resident_blocks(&info.arch)))?;
+        MlaDecode::supports(self, params)?;
+        Ok(plan)
+    }
+
     fn supports(&self, p: &MlaDecodeParams) -> Result<()> {
         let mut r = Reasons::new();
         cache_support(&p.cache, &mut r);
@@ -408,5 +437,23 @@ impl<R: Runtime> MlaPrefillAbsorbed for GpuBackend<R> {
         );
         let (name, smem) = self.attention_kernel("mla_prefill_absorbed", q, &p.cache, &args.kv_cache);
         self.launch(&name, LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attention_resident_blocks;
+
+    /// The table agrees with the resource report: every K3 launch of the two `*_mma` attention
+    /// kernels there has the resident blocks the table gives its target.
+    #[test]
+    fn attention_resident_blocks_match_the_report() {
+        for kernel in ["mla_decode_asm_mma", "mla_decode_gluon_mma"] {
+            let launches = crate::ops::report_resident_blocks(kernel);
+            for (target, resident) in &launches {
+                assert_eq!(*resident as u32, attention_resident_blocks(target), "{kernel} on {target}");
+            }
+            assert!(launches.len() >= 5, "{kernel}: launches on the five report targets, found {}", launches.len());
+        }
     }
 }

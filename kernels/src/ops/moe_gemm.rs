@@ -292,20 +292,11 @@ mod tests {
     /// there has the resident blocks the table gives its target.
     #[test]
     fn splitk_resident_blocks_match_the_report() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/kernel-resources.json");
-        let report = std::fs::read_to_string(path).expect("benches/kernel-resources.json");
-        let field = |line: &str, key: &str| -> Option<String> {
-            let rest = &line[line.find(&format!("\"{key}\":"))? + key.len() + 3..];
-            Some(rest[..rest.find([',', '}'])?].trim_matches('"').to_string())
-        };
-        let mut seen = 0;
-        for line in report.lines().filter(|l| l.contains("\"kernel\":\"moe_gemm_grouped_m16_splitk_mma\"")) {
-            let Some(resident) = field(line, "resident_blocks") else { continue };
-            let target = field(line, "target").expect("target");
+        let launches = crate::ops::report_resident_blocks("moe_gemm_grouped_m16_splitk_mma");
+        for (target, resident) in &launches {
             let warp = if target.starts_with("gfx") { 64 } else { 32 };
-            assert_eq!(resident.parse::<usize>().ok(), Some(splitk_resident_blocks(&target, warp)), "{target}: {line}");
-            seen += 1;
+            assert_eq!(*resident, splitk_resident_blocks(target, warp), "{target}");
         }
-        assert!(seen >= 5, "launches of the split kernel on the five report targets, found {seen}");
+        assert!(launches.len() >= 5, "launches of the split kernel on the five report targets, found {}", launches.len());
     }
 }

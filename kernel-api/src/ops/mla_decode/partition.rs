@@ -110,14 +110,18 @@ impl MlaSchedule {
         s
     }
 
-    /// Splits that fill `cus` units when `batch · head_groups` tiles do not, keeping at least
-    /// [`GLUON_MIN_SPLIT_TOKENS`] per split of the longest sequence; at most [`MLA_MAX_SPLITS`](super::MLA_MAX_SPLITS)
-    /// (256: a cap of 64 left batch 1 at 12 heads on 64 of an H200's 132 SMs).
-    pub(crate) fn gluon_auto_splits(seq_lens: &[u32], head_groups: usize, cus: u32) -> usize {
+    /// Splits that fill `slots` concurrent blocks when `batch · head_groups` tiles do not: the
+    /// most whose blocks all run at once (`slots / tiles`), keeping at least
+    /// [`GLUON_MIN_SPLIT_TOKENS`] per split of the longest sequence and at most
+    /// [`MLA_MAX_SPLITS`](super::MLA_MAX_SPLITS) (256: a cap of 64 left batch 1 at 12 heads on
+    /// 64 of an H200's 132 SMs). One split more would start a second wave whose blocks take as
+    /// long as the first's: 256 tiles on 608 slots (MI300X, 2 blocks per CU) take 2 splits (512
+    /// blocks, one wave), not 3 (768: two waves of a third of the keys each, the second on 160
+    /// blocks).
+    pub(crate) fn gluon_auto_splits(seq_lens: &[u32], head_groups: usize, slots: u32) -> usize {
         let tiles = (seq_lens.len() * head_groups).max(1);
-        let fill = (cus as usize).div_ceil(tiles);
         let longest = seq_lens.iter().copied().max().unwrap_or(0) as usize;
-        fill.min(longest / GLUON_MIN_SPLIT_TOKENS).clamp(1, super::MLA_MAX_SPLITS)
+        (slots as usize / tiles).min(longest / GLUON_MIN_SPLIT_TOKENS).clamp(1, super::MLA_MAX_SPLITS)
     }
 
     /// Gives the items `first..` of one (sequence, head group) partial slots and a reduce entry
@@ -133,5 +137,34 @@ impl MlaSchedule {
         }
         self.num_partials += n;
         self.reduce.push(MlaReduceEntry { batch: b as u32, head_group: g as u32, partials: start..start + n as u32 });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MlaSchedule;
+
+    /// (sequences, head groups, slots, sequence length) -> auto splits.
+    #[test]
+    fn gluon_auto_splits_fill_whole_waves() {
+        let splits = |seqs: usize, groups: usize, slots: u32, len: u32| MlaSchedule::gluon_auto_splits(&vec![len; seqs], groups, slots);
+        // Batch 1, 12 heads (one group), 64k keys: one block per SM of an H200 / per slot of an
+        // MI300X (2 per CU), capped at MLA_MAX_SPLITS.
+        assert_eq!(splits(1, 1, 132, 65536), 132);
+        assert_eq!(splits(1, 1, 608, 65536), 256);
+        // Short sequences keep GLUON_MIN_SPLIT_TOKENS (64) per split: 1000 / 64 = 15.
+        assert_eq!(splits(1, 1, 132, 1000), 15);
+        // Exact fits: 3 tiles x 44 = 132.
+        assert_eq!(splits(3, 1, 132, 65536), 44);
+        // 256 tiles on 608 slots: 2 splits (512 blocks, one wave), not 3 (768: 1.26 waves).
+        assert_eq!(splits(256, 1, 608, 65536), 2);
+        // 128 tiles on 608 slots: 4 (512 blocks) over 5 (640 blocks, a second wave of 32).
+        assert_eq!(splits(128, 1, 608, 65536), 4);
+        // 10 tiles on 132: 13 (130 blocks) over 14 (140: a second wave of 8).
+        assert_eq!(splits(10, 1, 132, 65536), 13);
+        // 100 tiles on 132: 1 split (one wave, 100 blocks) over 2 (two waves of half the keys).
+        assert_eq!(splits(100, 1, 132, 65536), 1);
+        // More tiles than slots: no split.
+        assert_eq!(splits(400, 1, 132, 65536), 1);
     }
 }
