@@ -349,6 +349,10 @@ impl Oracle {
 struct Pools<B: Backend> {
     conv: DeviceTensor<B>,
     state: DeviceTensor<B>,
+    /// The plan's workspace, kept across steps as a serving engine keeps it (only zeroed when
+    /// first allocated): a kernel that relies on a fresh zeroed workspace fails the chains.
+    ws: Option<B::Buffer>,
+    ws_bytes: usize,
 }
 
 impl<B: Backend> Pools<B> {
@@ -362,7 +366,7 @@ impl<B: Backend> Pools<B> {
             KdaStateLayout::VMajor => [slots, m.h, m.v, m.k],
         };
         let state = upload_view(b, Layout::contiguous(st.state_dt, &shape), &to_stored(state, m, st.layout));
-        Pools { conv, state }
+        Pools { conv, state, ws: None, ws_bytes: 0 }
     }
 
     fn conv_values(&self, b: &B) -> Vec<f32> {
@@ -419,8 +423,12 @@ fn run_step<B: Backend + KdaDecode>(
         norm_weight: normed.then(|| norm_w.as_ref()),
         out: out.as_mut(),
     };
-    let mut ws = b.workspace(KdaDecode::workspace_size(b, &plan)).expect("workspace");
-    KdaDecode::run(b, &plan, args, ws.as_mut(), b.default_stream()).expect("run");
+    let bytes = KdaDecode::workspace_size(b, &plan);
+    if pools.ws.is_none() || pools.ws_bytes != bytes {
+        pools.ws = b.workspace(bytes).expect("workspace");
+        pools.ws_bytes = bytes;
+    }
+    KdaDecode::run(b, &plan, args, pools.ws.as_mut(), b.default_stream()).expect("run");
     download_view(b, &out)
 }
 

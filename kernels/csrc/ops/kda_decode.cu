@@ -14,22 +14,25 @@
 // Two schedules, chosen by the launcher (kernels/src/ops/kda_decode.rs):
 //
 //  - V-split (f32 state with unit stride along v, K ≤ kSplitLanes·kSplitRows = 128, K and V
-//    multiples of 4, 16-byte aligned state rows): three launches sharing a workspace row per
-//    (row, head).
+//    multiples of 4, 16-byte aligned state rows): two launches (three for a gated norm off the
+//    16-byte path) sharing a workspace row per (row, head).
 //    kda_decode_prepare (one block per (row, head)) runs steps 1–3 and writes q̂ = q·scale/‖q‖,
 //    k̂ = k/‖k‖, α, v and β to the row; kda_decode_fused_step runs step 4 on a grid of
 //    (row·head, V / (4·vecs)) blocks, each holding a K × 4·vecs slice of the state in registers
-//    (read and written once, in 16-byte vectors); kda_decode_norm runs step 5 from o and the
-//    per-column-vector sums of squares the split blocks left in the row (a fixed-order sum: no
-//    atomics, the result does not depend on the schedule). Without the norm the split blocks
-//    write the output themselves and kda_decode_norm is not launched.
+//    (read and written once, in 16-byte vectors); step 5 runs from o and the per-column-vector
+//    sums of squares the split blocks left in the row (a fixed-order sum: the result does not
+//    depend on the schedule), in the row's last split block to finish (a ticket in the row's
+//    header, kNormFold: no third launch) when the output gate, norm weight and out take the
+//    16-byte path, else in kda_decode_norm_unaligned launched after the split. Without the norm
+//    the split blocks write the output themselves.
 //  - kda_decode_generic_step (every other layout and dtype): one block per (row, head) runs all
 //    five steps, streaming the state through shared memory in chunks of kChunk value columns.
 //
-// prepare, norm and generic each come in a 16-byte form (the names above: head inputs, conv
-// history, output gate, norm weight, outputs and generic's state move as 16-byte vectors of 8
-// elements) and an *_unaligned twin, element by element, for any layout the contract allows;
-// the launcher picks the 16-byte form for K, V multiples of 8 and packed, aligned tensors.
+// prepare, the norm and generic each come in a 16-byte form (kda_decode_prepare, the norm folded
+// into kda_decode_fused_step, kda_decode_generic_step: head inputs, conv history, output gate,
+// norm weight, outputs and generic's state move as 16-byte vectors of 8 elements) and an
+// *_unaligned form, element by element, for any layout the contract allows; the launcher picks
+// the 16-byte form for K, V multiples of 8 and packed, aligned tensors.
 //
 // Slot 0 is the null slot: the output row is zeros and neither pool is touched. The device slot
 // is checked (k3/checks.h): outside [0, slots) it is reported and neither pool is touched (the
@@ -51,9 +54,15 @@ constexpr int kSplitLanes = 64;                         // k lanes per column ve
 constexpr int kSplitRows = 2;                           // rows per lane
 constexpr int kSplitMaxVecs = 4;                        // column vectors per block (256 threads)
 constexpr int kSplitMaxWarps = kSplitLanes * kSplitMaxVecs / k3::kWarpSize;
-// Workspace row (f32): header [slot bits, β, unused, unused] | q̂ [K] | k̂ [K] | α [K] | v [V] | o [V] |
-// Σo² per column vector [V/4], padded to a multiple of 4 (every part starts 16-byte aligned).
+// Workspace row (f32): header [slot bits, β, split blocks done (u32 ticket), unused] | q̂ [K] |
+// k̂ [K] | α [K] | v [V] | o [V] | Σo² per column vector [V/4], padded to a multiple of 4 (every
+// part starts 16-byte aligned).
 constexpr int kWsHeader = 4;
+constexpr int kWsTicket = 2;
+// kda_decode_fused_step's output modes (the launcher's `norm_mode`).
+constexpr int kNormNone = 0;      // no norm: the split blocks write out
+constexpr int kNormLaunched = 1;  // o and Σo² to the workspace, kda_decode_norm_unaligned follows
+constexpr int kNormFold = 2;      // ... and the row's last split block runs the 16-byte norm
 }  // namespace kda_decode_fused
 
 // x, g, β, the conv and recurrent states and out are f32 or bf16 (KdaDecodePlan::check_args):
@@ -476,7 +485,7 @@ K3_KERNEL void kda_decode_generic_step_unaligned(KDA_DECODE_GENERIC_PARAMS) {
 }
 K3_EXPORT(kda_decode_generic_step_unaligned);
 
-// V-split, launch 1 of 3: steps 1–3 of one (row, head) into its workspace row `ws + row·ws_row`.
+// V-split, launch 1: steps 1–3 of one (row, head) into its workspace row `ws + row·ws_row`.
 // kda_decode_prepare moves the head's inputs, conv history and (null rows) outputs in 16-byte
 // vectors (kda_decode_head_inputs<true>; `out` 16-byte aligned with row strides multiples of 8
 // elements); kda_decode_prepare_unaligned takes any layout the contract allows.
@@ -534,6 +543,7 @@ K3_AMD_INLINE K3_DEVICE void kda_decode_prepare_body(KDA_DECODE_PREPARE_PARAMS) 
   if (tid == 0) {
     w[0] = k3::uint_as_float(static_cast<uint32_t>(slot));
     w[1] = hs.beta;
+    w[kWsTicket] = k3::uint_as_float(0u);  // no split block of this step has finished the row
   }
 }
 K3_KERNEL void kda_decode_prepare(KDA_DECODE_PREPARE_PARAMS) { kda_decode_prepare_body<true>(KDA_DECODE_PREPARE_ARGS); }
@@ -578,13 +588,65 @@ K3_DEVICE k3::f32x4 kda_decode_split_sum(k3::f32x4 v, k3::f32x4* red, int cv, in
   return s;
 }
 
-// V-split, launch 2 of 3: step 4 for the columns [4·vecs·y, 4·vecs·(y+1)) of one (row, head),
+// Step 5 of one (row, head) from o and the Σo² partials of its workspace row `w`, summed in a
+// fixed order, by `threads` threads (thread `tid`): kda_decode_norm's block, or the row's last
+// split block in kda_decode_fused_step. Same sums in the same order either way, so the output
+// does not depend on which. kVec moves 8 columns per thread in 16-byte vectors (V a multiple of
+// 8; the output gate and `out` 16-byte aligned with row strides multiples of 8 elements, the
+// norm weight unit-stride and aligned); otherwise any layout the contract allows.
+#define KDA_DECODE_NORM_OUT_PARAMS                                                               \
+  const void *out_gate, int og_dt, int64_t og_s0, int64_t og_s1, /* [B, H, V], unit inner */     \
+      const float *norm_w, int64_t nw_s0,                        /* [V] */                       \
+      void *out, int out_dt, int64_t out_s0, int64_t out_s1      /* [B, H, V], unit inner */
+#define KDA_DECODE_NORM_OUT_ARGS out_gate, og_dt, og_s0, og_s1, norm_w, nw_s0, out, out_dt, out_s0, out_s1
+template <bool kVec>
+K3_AMD_INLINE K3_DEVICE void kda_decode_norm_row(const float* w, KDA_DECODE_NORM_OUT_PARAMS, int b, int h, int K, int V,
+                                                 float norm_eps, int tid, int threads) {
+  using namespace kda_decode_fused;
+  const float* o = w + kWsHeader + 3 * K + V;
+  const float* part = o + V;  // V/4 partials, zero-padded to a multiple of 4
+  float ss = 0.0f;
+  for (int e = 0; e < (V / 4 + 3) / 4; ++e) {
+    const k3::f32x4 p = k3::load_f32x4(part + 4 * e);
+    ss += (p.v[0] + p.v[1]) + (p.v[2] + p.v[3]);
+  }
+  const float inv_rms = 1.0f / k3::sqrt_f32(ss / static_cast<float>(V) + norm_eps);
+  const int64_t og = b * og_s0 + h * og_s1, ob = b * out_s0 + h * out_s1;
+  if constexpr (kVec) {
+    for (int j = 8 * tid; j < V; j += 8 * threads) {
+      KdaDecodeF32x8 y{{k3::load_f32x4(o + j), k3::load_f32x4(o + j + 4)}};
+      const KdaDecodeF32x8 gate = kda_decode_load8(out_gate, og_dt, og + j);
+      const KdaDecodeF32x8 nw = kda_decode_load8(norm_w, k3::kF32, j);
+      for (int c = 0; c < 8; ++c) {
+        y[c] = nw[c] * y[c] * inv_rms * k3::sigmoid_f32(gate[c]);
+      }
+      kda_decode_store8(out, out_dt, ob + j, y);
+    }
+  } else {
+    for (int e = tid; e < V / 4; e += threads) {
+      k3::f32x4 y = k3::load_f32x4(o + 4 * e);
+      for (int c = 0; c < 4; ++c) {
+        const int jv = 4 * e + c;
+        const float gate = k3::load_f32(out_gate, og_dt, og + jv);
+        y.v[c] = norm_w[jv * nw_s0] * y.v[c] * inv_rms * k3::sigmoid_f32(gate);
+      }
+      kda_decode_store4(out, out_dt, ob + 4 * e, y);
+    }
+  }
+}
+
+// V-split, launch 2: step 4 for the columns [4·vecs·y, 4·vecs·(y+1)) of one (row, head),
 // kSplitLanes·vecs threads. Thread t holds column vector cv = t % vecs, rows kl = t / vecs and
 // kl + kSplitLanes. The state is f32 with unit stride along v; every offset is a multiple of 4
 // floats (the launcher checks it), so each row of the slice moves as one 16-byte vector.
 // At most kSplitLanes·kSplitMaxVecs = 256 threads; on NVIDIA at least 6 such blocks per SM:
 // ptxas then fits 40 registers (48 without: 5 blocks, 40 of 64 warps resident; 6 blocks give
 // 48 warps). Asking for 8 blocks (32 registers) put 16 B on the stack.
+// With norm_mode kNormFold the row's last block to finish runs step 5 (kda_decode_norm_row):
+// every block stores its o columns and Σo² partials, fences them device-wide, and takes a
+// ticket from the row's header (zeroed by kda_decode_prepare each step); the block that takes
+// the last one fences again and reads every block's values. This saves the third launch and its
+// dependent round trip per KDA layer (BENCHMARKS.md, KDA decode round 4).
 #if K3_TARGET_CUDA
 #define KDA_DECODE_SPLIT_BOUNDS __launch_bounds__(kda_decode_fused::kSplitLanes * kda_decode_fused::kSplitMaxVecs, 6)
 #else
@@ -593,8 +655,8 @@ K3_DEVICE k3::f32x4 kda_decode_split_sum(k3::f32x4 v, k3::f32x4* red, int cv, in
 K3_KERNEL KDA_DECODE_SPLIT_BOUNDS void kda_decode_fused_step(
     float* ws, int64_t ws_row,                                         // [B·H, ws_row]
     float* state, int64_t st_slot, int64_t st_head, int64_t st_k,            // v stride 1
-    void* out, int out_dt, int64_t out_s0, int64_t out_s1,                   // [B, H, V], unit inner
-    int heads, int head_k, int head_v, int slots, int vecs, int gated_norm, k3::ErrorRecord* err) {
+    KDA_DECODE_NORM_OUT_PARAMS,                                              // gate, weight: kNormFold only
+    int heads, int head_k, int head_v, int slots, int vecs, int norm_mode, float norm_eps, k3::ErrorRecord* err) {
   using namespace kda_decode_fused;
   const int row = static_cast<int>(k3::block_idx_x());
   const int b = row / heads;
@@ -611,6 +673,7 @@ K3_KERNEL KDA_DECODE_SPLIT_BOUNDS void kda_decode_fused_step(
 
   float* vecs_sh = k3::dynamic_shared<float>();  // [3K]: q̂ | k̂ | α
   K3_SHARED(k3::f32x4, red, [2][kSplitMaxWarps * kSplitMaxVecs]);
+  K3_SHARED(int, last_block, [1]);
   for (int e = tid; e < 3 * K / 4; e += threads) k3::store_f32x4(vecs_sh + 4 * e, k3::load_f32x4(w + kWsHeader + 4 * e));
 
   const int cv = tid % vecs;
@@ -648,72 +711,38 @@ K3_KERNEL KDA_DECODE_SPLIT_BOUNDS void kda_decode_fused_step(
     if (live && k < K) k3::store_f32x4(state + base + k * st_k, s[n]);
   }
   qs = kda_decode_split_sum(qs, red[1], cv, vecs);
-  if (!live || kl != 0) return;
-  if (gated_norm) {
-    float* wo = w + kWsHeader + 3 * K + V;
-    k3::store_f32x4(wo + j, qs);
-    wo[V + j / 4] = qs.v[0] * qs.v[0] + qs.v[1] * qs.v[1] + qs.v[2] * qs.v[2] + qs.v[3] * qs.v[3];
-  } else {
-    kda_decode_store4(out, out_dt, b * out_s0 + h * out_s1 + j, qs);
+  if (live && kl == 0) {
+    if (norm_mode == kNormNone) {
+      kda_decode_store4(out, out_dt, b * out_s0 + h * out_s1 + j, qs);
+    } else {
+      float* wo = w + kWsHeader + 3 * K + V;
+      k3::store_f32x4(wo + j, qs);
+      wo[V + j / 4] = qs.v[0] * qs.v[0] + qs.v[1] * qs.v[1] + qs.v[2] * qs.v[2] + qs.v[3] * qs.v[3];
+    }
   }
+  if (norm_mode != kNormFold) return;
+  k3::thread_fence();  // this thread's o and Σo² stores, visible device-wide before the ticket
+  k3::sync_threads();
+  if (tid == 0) {
+    unsigned* ticket = reinterpret_cast<unsigned*>(w + kWsTicket);
+    last_block[0] = k3::atomic_add(ticket, 1u) + 1u == k3::grid_dim_y();
+  }
+  k3::sync_threads();
+  if (last_block[0] == 0) return;
+  k3::thread_fence();  // every other block's o and Σo², which their tickets published
+  kda_decode_norm_row<true>(w, KDA_DECODE_NORM_OUT_ARGS, b, h, K, V, norm_eps, tid, threads);
 }
 K3_EXPORT(kda_decode_fused_step);
 
-// V-split, launch 3 of 3 (gated norm only): step 5 of one (row, head), kThreads threads, from
-// o and the Σo² partials of its workspace row, summed in a fixed order. kda_decode_norm moves
-// 8 columns per thread in 16-byte vectors (V a multiple of 8; the output gate and `out` 16-byte
-// aligned with row strides multiples of 8 elements, the norm weight unit-stride and aligned);
-// kda_decode_norm_unaligned takes any layout the contract allows.
-#define KDA_DECODE_NORM_PARAMS                                                                   \
-  const float *ws, int64_t ws_row,                                   /* [B·H, ws_row] */           \
-      const void *out_gate, int og_dt, int64_t og_s0, int64_t og_s1, /* [B, H, V], unit inner */ \
-      const float *norm_w, int64_t nw_s0,                            /* [V] */                     \
-      void *out, int out_dt, int64_t out_s0, int64_t out_s1,         /* [B, H, V], unit inner */ \
-      int heads, int head_k, int head_v, float norm_eps
-#define KDA_DECODE_NORM_ARGS \
-  ws, ws_row, out_gate, og_dt, og_s0, og_s1, norm_w, nw_s0, out, out_dt, out_s0, out_s1, heads, head_k, head_v, norm_eps
-template <bool kVec>
-K3_AMD_INLINE K3_DEVICE void kda_decode_norm_body(KDA_DECODE_NORM_PARAMS) {
+// V-split, launch 3 (the gated norm where kNormFold does not apply: an output gate, norm weight
+// or `out` off the 16-byte path): step 5 of one (row, head), kThreads threads.
+K3_KERNEL void kda_decode_norm_unaligned(const float* ws, int64_t ws_row,  // [B·H, ws_row]
+                                         KDA_DECODE_NORM_OUT_PARAMS, int heads, int head_k, int head_v, float norm_eps) {
   using namespace kda_decode_fused;
   const int row = static_cast<int>(k3::block_idx_x());
-  const int b = row / heads;
-  const int h = row % heads;
-  const int tid = static_cast<int>(k3::thread_idx_x());
-  const int K = head_k, V = head_v;
   const float* w = ws + row * ws_row;
   if (k3::float_as_uint(k3::load_f32x4(w).v[0]) == 0u) return;  // null or rejected row
-  const float* o = w + kWsHeader + 3 * K + V;
-  const float* part = o + V;  // V/4 partials, zero-padded to a multiple of 4
-  float ss = 0.0f;
-  for (int e = 0; e < (V / 4 + 3) / 4; ++e) {
-    const k3::f32x4 p = k3::load_f32x4(part + 4 * e);
-    ss += (p.v[0] + p.v[1]) + (p.v[2] + p.v[3]);
-  }
-  const float inv_rms = 1.0f / k3::sqrt_f32(ss / static_cast<float>(V) + norm_eps);
-  const int64_t og = b * og_s0 + h * og_s1, ob = b * out_s0 + h * out_s1;
-  if constexpr (kVec) {
-    for (int j = 8 * tid; j < V; j += 8 * kThreads) {
-      KdaDecodeF32x8 y{{k3::load_f32x4(o + j), k3::load_f32x4(o + j + 4)}};
-      const KdaDecodeF32x8 gate = kda_decode_load8(out_gate, og_dt, og + j);
-      const KdaDecodeF32x8 nw = kda_decode_load8(norm_w, k3::kF32, j);
-      for (int c = 0; c < 8; ++c) {
-        y[c] = nw[c] * y[c] * inv_rms * k3::sigmoid_f32(gate[c]);
-      }
-      kda_decode_store8(out, out_dt, ob + j, y);
-    }
-  } else {
-    for (int e = tid; e < V / 4; e += kThreads) {
-      k3::f32x4 y = k3::load_f32x4(o + 4 * e);
-      for (int c = 0; c < 4; ++c) {
-        const int jv = 4 * e + c;
-        const float gate = k3::load_f32(out_gate, og_dt, og + jv);
-        y.v[c] = norm_w[jv * nw_s0] * y.v[c] * inv_rms * k3::sigmoid_f32(gate);
-      }
-      kda_decode_store4(out, out_dt, ob + 4 * e, y);
-    }
-  }
+  kda_decode_norm_row<false>(w, KDA_DECODE_NORM_OUT_ARGS, row / heads, row % heads, head_k, head_v, norm_eps,
+                             static_cast<int>(k3::thread_idx_x()), kThreads);
 }
-K3_KERNEL void kda_decode_norm(KDA_DECODE_NORM_PARAMS) { kda_decode_norm_body<true>(KDA_DECODE_NORM_ARGS); }
-K3_EXPORT(kda_decode_norm);
-K3_KERNEL void kda_decode_norm_unaligned(KDA_DECODE_NORM_PARAMS) { kda_decode_norm_body<false>(KDA_DECODE_NORM_ARGS); }
 K3_EXPORT(kda_decode_norm_unaligned);

@@ -4,17 +4,20 @@
 //!   K and V multiples of 4): `kda_decode_prepare` (one block per (row, head)) writes the head's
 //!   q̂, k̂, α, v and β to a workspace row; `kda_decode_fused_step` runs the delta rule on a grid
 //!   of (row·head, V / (4·vecs)) blocks of [`SPLIT_LANES`]·vecs threads, each holding its K × 4·vecs
-//!   slice of the state in registers; `kda_decode_norm` applies the gated RMSNorm from the
-//!   split blocks' o and Σo² partials. `vecs` is the largest of 4, 2, 1 (and at most the
-//!   column vectors of a head) that still gives 4 blocks per SM / CU of the device.
+//!   slice of the state in registers; the gated RMSNorm runs from the split blocks' o and Σo²
+//!   partials in each row's last split block to finish (no third launch) when the output gate,
+//!   norm weight and `out` take 16-byte vectors, else in `kda_decode_norm_unaligned` after the
+//!   split. `vecs` is the largest of 4, 2, 1 (and at most the column vectors of a head) that
+//!   still gives 4 blocks per SM / CU of the device.
 //! - Otherwise `kda_decode_generic_step`: one block of [`THREADS`] per (row, head), the state
 //!   streamed through a shared-memory tile of K × [`CHUNK`] f32.
 //!
-//! prepare, norm and generic each have a 16-byte form (the names above: inputs, conv history,
-//! output gate, norm weight, outputs and, in generic, the state move as 16-byte vectors of 8
-//! elements) and an `*_unaligned` twin that takes any layout the contract allows. The host picks
-//! the 16-byte form when K and V are multiples of 8 and the tensors are packed and aligned
-//! ([`vec8`], `kda_vector_inputs`, `kda_vector_outputs`), as K3's are.
+//! prepare, the norm and generic each have a 16-byte form (`kda_decode_prepare`, the norm folded
+//! into the split, `kda_decode_generic_step`: inputs, conv history, output gate, norm weight,
+//! outputs and, in generic, the state move as 16-byte vectors of 8 elements) and an
+//! `*_unaligned` form that takes any layout the contract allows. The host picks the 16-byte
+//! form when K and V are multiples of 8 and the tensors are packed and aligned ([`vec8`],
+//! `kda_vector_inputs`, `kda_vector_outputs`), as K3's are.
 
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
 use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
@@ -37,6 +40,10 @@ const SPLIT_LANES: u32 = 64;
 const SPLIT_MAX_K: usize = 128;
 const SPLIT_MAX_VECS: usize = 4;
 const WS_HEADER: usize = 4;
+/// `kda_decode_fused_step`'s output modes (`kNormNone`, `kNormLaunched`, `kNormFold`).
+const NORM_NONE: i32 = 0;
+const NORM_LAUNCHED: i32 = 1;
+const NORM_FOLD: i32 = 2;
 /// Blocks per SM / CU the V-split aims for at small batch (latency hiding by parallelism).
 const SPLIT_BLOCKS_PER_UNIT: usize = 4;
 
@@ -288,19 +295,28 @@ impl<R: Runtime> GpuBackend<R> {
         for s in &st.strides[..3] {
             arg(&mut a, *s as i64);
         }
+        // The gated RMSNorm: folded into the split's last block per row when its operands take
+        // 16-byte vectors (`kNormFold`), else a third launch (`kNormLaunched`).
+        let norm_mode = match (gated, gated && self.kda_vector_outputs(args, true)) {
+            (false, _) => NORM_NONE,
+            (true, true) => NORM_FOLD,
+            (true, false) => NORM_LAUNCHED,
+        };
+        self.kda_push_norm_gate(&mut a, args, norm_mode == NORM_FOLD);
         self.kda_push_out(&mut a, args);
         push_dims(&mut a, p)?;
         arg(&mut a, to_i32("params.state_slots", p.state_slots)?);
         arg(&mut a, vecs as i32);
-        arg(&mut a, i32::from(gated));
+        arg(&mut a, norm_mode);
+        arg(&mut a, eps);
         self.push_checks(&mut a, stream)?;
         let grid = (rows, col_vecs.div_ceil(vecs) as u32);
         let smem = 4 * 3 * p.head_k as u32;
         self.launch("kda_decode_fused_step", LaunchConfig::new(grid, SPLIT_LANES * vecs as u32, smem), &mut a, stream)?;
-        if !gated {
+        if norm_mode != NORM_LAUNCHED {
             return Ok(());
         }
-        // 3. the gated RMSNorm over each head's V outputs.
+        // 3. the gated RMSNorm over each head's V outputs, for operands off the 16-byte path.
         let mut a = KernelArgs::new();
         arg(&mut a, ws);
         arg(&mut a, row);
@@ -308,8 +324,7 @@ impl<R: Runtime> GpuBackend<R> {
         self.kda_push_out(&mut a, args);
         push_dims(&mut a, p)?;
         arg(&mut a, eps);
-        let norm = if self.kda_vector_outputs(args, true) { "kda_decode_norm" } else { "kda_decode_norm_unaligned" };
-        self.launch(norm, LaunchConfig::new(rows, THREADS, 0), &mut a, stream)
+        self.launch("kda_decode_norm_unaligned", LaunchConfig::new(rows, THREADS, 0), &mut a, stream)
     }
 
     /// Whether `out` (and with `gated`, the output gate and norm weight) take 8-column vectors:
