@@ -589,8 +589,8 @@ K3_DEVICE k3::f32x4 kda_decode_split_sum(k3::f32x4 v, k3::f32x4* red, int cv, in
 }
 
 // Step 5 of one (row, head) from o and the Σo² partials of its workspace row `w`, summed in a
-// fixed order, by `threads` threads (thread `tid`): kda_decode_norm's block, or the row's last
-// split block in kda_decode_fused_step. Same sums in the same order either way, so the output
+// fixed order, by `threads` threads (thread `tid`): kda_decode_norm_unaligned's block, or the
+// row's last split block in kda_decode_fused_step. Same sums in the same order either way, so the output
 // does not depend on which. kVec moves 8 columns per thread in 16-byte vectors (V a multiple of
 // 8; the output gate and `out` 16-byte aligned with row strides multiples of 8 elements, the
 // norm weight unit-stride and aligned); otherwise any layout the contract allows.

@@ -62,9 +62,9 @@ constexpr int kCopySlots = kMaxKvStages * ((kMmaTile + kWarps - 1) / kWarps) * (
 // Bytes of the KV area: the bf16 tile, or the raw pipeline stages (`raw`: kVec && kRawStaging),
 // which also hold the bf16 query rows while their fragments are read.
 K3_HOST_DEVICE constexpr int kv_area_bytes(bool raw, int wpad, int row_bytes) {
-  return raw && raw_stages(row_bytes) * kMmaTile * raw_pitch(row_bytes) > 2 * kMmaTile * kv_pitch(wpad)
-             ? raw_stages(row_bytes) * kMmaTile * raw_pitch(row_bytes)
-             : 2 * kMmaTile * kv_pitch(wpad);
+  const int stages = raw_stages(row_bytes) * kMmaTile * raw_pitch(row_bytes);
+  const int bf16_tile = 2 * kMmaTile * kv_pitch(wpad);
+  return raw && stages > bf16_tile ? stages : bf16_tile;
 }
 
 // Dynamic shared bytes of the MMA core for padded row width `wpad` and raw row bytes
