@@ -3,9 +3,10 @@
 // QK^T and PV as k3::mma bf16 products accumulating in f32 (mma.sync m16n8k16 at warp 32,
 // MFMA 16x16x16 at warp 64; the fragment maps of k3/mma_layout.h make the code shape-generic).
 //
-// - Staging (`*_mma` at warp 32): a two- or three-stage pipeline (raw_stages, kRawStaging):
-//   the cache rows as stored, copied by k3::AsyncCopy (cp.async 16 B on CUDA) one or two tiles
-//   ahead of the one being multiplied, at a bank-conflict-free pitch raw_pitch
+// - Staging (`*_mma` at warp 32): a pipeline of Cache::kv_stages stages (2 to kMaxKvStages,
+//   the host's choice by row size and the device's shared memory; kRawStaging): the cache rows
+//   as stored, copied by k3::AsyncCopy (cp.async 16 B on CUDA) up to seven tiles ahead of the
+//   one being multiplied, at a bank-conflict-free pitch raw_pitch
 //   (mla_kv_load.cuh); the K and V fragment loads decode them (fp8 pairs by the packed
 //   hardware converts, the tile scales read from the staged row). Per tile: one barrier for
 //   "previous tile consumed" (then the next copies are issued), a wait for this tile's group,
@@ -43,36 +44,18 @@ static_assert(kRows == Shape::M, "a row tile is one MMA M tile");
 
 K3_HOST_DEVICE constexpr int pad16(int x) { return (x + 15) / 16 * 16; }
 
-// Stages of the raw pipeline for cache rows of `row_bytes` (1 where kMaxKvStages is 1): two
-// tiles ahead of the one being multiplied when they fit kAheadBytes, else one. The kernels hold
-// one block per SM (registers), so the bytes in flight per SM are the tiles ahead: two tiles of
-// K3's fp8 rows (2 x 16 x 656 B = 21 KB, BENCHMARKS.md "MLA round 4") match one tile of bf16
-// rows (18.7 KB), and a second bf16 tile ahead would take the block past the 48 KiB of shared
-// memory a launch has without opting in (65.7 KB instead of 47 KB).
-constexpr int kAheadBytes = 24 * 1024;
-K3_HOST_DEVICE constexpr int raw_stages(int row_bytes) {
-  return kMaxKvStages == 1 ? 1 : (2 * kMmaTile * raw_pitch(row_bytes) <= kAheadBytes ? 3 : 2);
-}
-static_assert(kMaxKvStages <= 3, "the pipeline's wait (attend_mma) covers at most two tiles ahead");
+// The pipeline's wait (attend_mma) names every count of tiles ahead up to kMaxKvStages - 1.
+static_assert(kMaxKvStages <= 8, "attend_mma's wait covers at most seven tiles ahead");
 
 // Copies one thread has in flight in the pipeline (k3::AsyncCopy's capacity): its share of a
 // tile's 16-byte units, per stage.
 constexpr int kCopySlots = kMaxKvStages * ((kMmaTile + kWarps - 1) / kWarps) * ((kMaxRowUnits + k3::kWarpSize - 1) / k3::kWarpSize);
 
-// Bytes of the KV area: the bf16 tile, or the raw pipeline stages (`raw`: kVec && kRawStaging),
-// which also hold the bf16 query rows while their fragments are read.
-K3_HOST_DEVICE constexpr int kv_area_bytes(bool raw, int wpad, int row_bytes) {
-  const int stages = raw_stages(row_bytes) * kMmaTile * raw_pitch(row_bytes);
-  const int bf16_tile = 2 * kMmaTile * kv_pitch(wpad);
-  return raw && stages > bf16_tile ? stages : bf16_tile;
-}
-
-// Dynamic shared bytes of the MMA core for padded row width `wpad` and raw row bytes
-// `row_bytes` (kernels/src/ops/mla_decode.rs mirrors it).
-K3_HOST_DEVICE constexpr int mma_shared_bytes(bool raw, int wpad, int row_bytes) {
-  return 4 * kMaxWarps * kRows * kMmaTile + 4 * kRows * kMmaTile + 4 * kRows * 2 + 4 * kMmaTile * kMultSlots +
-         kv_area_bytes(raw, wpad, row_bytes);
-}
+// Dynamic shared memory of the MMA core (the host sizes it: kernels/src/ops/mla_decode.rs,
+// `core`): 8 warps' partial scores [8][16][16] f32, P [16][16], alpha [16], l [16], multipliers
+// [16][kMultSlots], then the KV area: the bf16 tile [16][kv_pitch(wpad)], or (raw pipeline) the
+// larger of that and Cache::kv_stages stages of [16][raw_pitch(row_bytes)] bytes, which also
+// hold the bf16 query rows while their fragments are read.
 
 struct MmaSmem {
   float* spart;  // [warps][16][16] partial scores
@@ -160,6 +143,21 @@ K3_DEVICE void load_v_frag(k3::mma::FragB<Shape>& f, const KvStage& s, int col0)
   }
 }
 
+// cp.wait<ahead>() for a run-time `ahead` in 1 .. kMaxKvStages - 1 (the wait's count is an
+// immediate in cp.async.wait_group).
+template <class Copy>
+K3_DEVICE void wait_ahead(Copy& cp, int ahead) {
+  switch (ahead) {
+    case 1: cp.template wait<1>(); break;
+    case 2: cp.template wait<2>(); break;
+    case 3: cp.template wait<3>(); break;
+    case 4: cp.template wait<4>(); break;
+    case 5: cp.template wait<5>(); break;
+    case 6: cp.template wait<6>(); break;
+    default: cp.template wait<7>(); break;
+  }
+}
+
 // As mla::attend, for bf16 queries (q.dt == kBF16) and pad16(latent) + pad16(rope) <= 576.
 // kVec (the host's choice, vector_kernel in kernels/src/ops/mla_decode.rs): the cache rows are
 // 16-byte copyable (vector_path(c)), and the query rows are 16-byte aligned (q.q, q.off, q.st,
@@ -235,7 +233,8 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   st.scale_byte = c.latent;
   st.fnuz = c.fnuz != 0;
   uint8_t* const stages = reinterpret_cast<uint8_t*>(sm.raw);
-  const int n_stages = raw_stages(row_bytes);
+  // Clamped to what the wait below names (a value outside 2 .. kMaxKvStages is a host bug).
+  const int n_stages = !kRaw ? 1 : (c.kv_stages < 2 ? 2 : (c.kv_stages > kMaxKvStages ? kMaxKvStages : c.kv_stages));
   const int ahead = n_stages - 1;  // tiles in flight beyond the one being multiplied
   int stage = 0, fill = ahead;     // the stages of the tile at s0 and of the one `ahead` later
   k3::AsyncCopy<kCopySlots> cp;
@@ -271,11 +270,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
       }
       cp.commit();
       // This thread's copies of the tile at s0 landed (`ahead` younger groups may be pending).
-      if (ahead == 2) {
-        cp.template wait<2>();
-      } else {
-        cp.template wait<1>();
-      }
+      wait_ahead(cp, ahead);
       st.rows = stages + stage * kMmaTile * rpitch;
       stage = stage + 1 == n_stages ? 0 : stage + 1;
       fill = fill + 1 == n_stages ? 0 : fill + 1;

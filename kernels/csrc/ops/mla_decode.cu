@@ -20,7 +20,7 @@
 namespace {
 
 K3_DEVICE mla::Cache make_cache(const uint8_t* cache, int64_t page_stride, int64_t row_stride, int page_size, int kind,
-                                int fnuz, int latent, int rope, const int* bt_row, int64_t bt_sp) {
+                                int fnuz, int latent, int rope, int kv_stages, const int* bt_row, int64_t bt_sp) {
   mla::Cache c;
   c.base = cache;
   c.page_stride = page_stride;
@@ -32,6 +32,7 @@ K3_DEVICE mla::Cache make_cache(const uint8_t* cache, int64_t page_stride, int64
   c.fnuz = fnuz;
   c.latent = latent;
   c.rope = rope;
+  c.kv_stages = kv_stages;
   return c;
 }
 
@@ -140,16 +141,16 @@ K3_AMD_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& 
 }
 
 // Kernel parameters shared by the Gluon and asm decode kernels (and their arguments).
-#define MLA_DECODE_PARAMS                                                                                         \
-  const void *q, int q_dt, int64_t q_sb, int64_t q_st, int64_t q_sh, const uint8_t *cache, int64_t page_stride,   \
-      int64_t row_stride, int page_size, int kind, int fnuz, int latent, int rope, const int *block_table,       \
-      int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, int num_pages, int bt_cols, void *out,    \
-      int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh, float *lse, int64_t l_sb, int64_t l_st, int64_t l_sh, \
-      float *ws, int64_t ws_lse_off, int heads, int q_len
-#define MLA_DECODE_ARGS                                                                                    \
-  q, q_dt, q_sb, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table, \
-      bt_sb, bt_sp, seq_lens, sl_s, num_pages, bt_cols, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, \
-      ws_lse_off, heads, q_len
+#define MLA_DECODE_PARAMS                                                                                       \
+  const void *q, int q_dt, int64_t q_sb, int64_t q_st, int64_t q_sh, const uint8_t *cache, int64_t page_stride, \
+      int64_t row_stride, int page_size, int kind, int fnuz, int latent, int rope, int kv_stages,             \
+      const int *block_table, int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, int num_pages,  \
+      int bt_cols, void *out, int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh, float *lse, int64_t l_sb,  \
+      int64_t l_st, int64_t l_sh, float *ws, int64_t ws_lse_off, int heads, int q_len
+#define MLA_DECODE_ARGS                                                                                      \
+  q, q_dt, q_sb, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, \
+      block_table, bt_sb, bt_sp, seq_lens, sl_s, num_pages, bt_cols, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, \
+      l_st, l_sh, ws, ws_lse_off, heads, q_len
 
 template <bool kMma, bool kVec>
 K3_AMD_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale, k3::ErrorRecord* err) {
@@ -165,7 +166,8 @@ K3_AMD_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float
   const int kv_start = split * chunk < seq_len ? split * chunk : seq_len;
   const int kv_end = kv_start + chunk < seq_len ? kv_start + chunk : seq_len;
   const int slot = num_splits > 1 ? (b * head_groups + g) * num_splits + split : -1;
-  const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
+  const mla::Cache c =
+      make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp);
   if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, len_ok, kv_start, kv_end, num_pages)) return;  // block-uniform
   const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
   const mla::Dest d = decode_dest(b, g, slot, q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
@@ -182,7 +184,8 @@ K3_AMD_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const
     const int* it = items + 5 * static_cast<int64_t>(w);
     const int b = it[0], g = it[1];
     const int seq_len = seq_lens[b * sl_s];
-    const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
+    const mla::Cache c =
+      make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp);
     if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, true, it[2], it[3], num_pages)) continue;  // block-uniform
     const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
     const mla::Dest d = decode_dest(b, g, it[4], q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
@@ -412,15 +415,15 @@ K3_EXPORT(mla_decode_reduce);
 // block-table entries of its keys.
 #define MLA_PREFILL_ABSORBED_PARAMS                                                                              \
   const void *q, int q_dt, int64_t q_st, int64_t q_sh, const uint8_t *cache, int64_t page_stride,              \
-      int64_t row_stride, int page_size, int kind, int fnuz, int latent, int rope, const int *block_table,    \
-      int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, int num_pages, int bt_cols,             \
-      const int *cu_q, int64_t cu_s, int total_q, int max_q, void *out, int out_dt, int64_t o_st, int64_t o_sh, \
-      float *lse, int64_t l_st, int64_t l_sh, int heads, int causal, float score_scale, float out_scale,       \
-      k3::ErrorRecord *err
-#define MLA_PREFILL_ABSORBED_ARGS                                                                             \
-  q, q_dt, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table, bt_sb, \
-      bt_sp, seq_lens, sl_s, num_pages, bt_cols, cu_q, cu_s, total_q, max_q, out, out_dt, o_st, o_sh, lse, l_st,  \
-      l_sh, heads, causal, score_scale, out_scale, err
+      int64_t row_stride, int page_size, int kind, int fnuz, int latent, int rope, int kv_stages,              \
+      const int *block_table, int64_t bt_sb, int64_t bt_sp, const int *seq_lens, int64_t sl_s, int num_pages,   \
+      int bt_cols, const int *cu_q, int64_t cu_s, int total_q, int max_q, void *out, int out_dt, int64_t o_st,  \
+      int64_t o_sh, float *lse, int64_t l_st, int64_t l_sh, int heads, int causal, float score_scale,           \
+      float out_scale, k3::ErrorRecord *err
+#define MLA_PREFILL_ABSORBED_ARGS                                                                               \
+  q, q_dt, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages,          \
+      block_table, bt_sb, bt_sp, seq_lens, sl_s, num_pages, bt_cols, cu_q, cu_s, total_q, max_q, out, out_dt,   \
+      o_st, o_sh, lse, l_st, l_sh, heads, causal, score_scale, out_scale, err
 
 namespace {
 template <bool kMma, bool kVec>
@@ -442,7 +445,8 @@ K3_AMD_INLINE K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) 
   const int dev_len = seq_lens[b * sl_s];
   const bool len_ok = seq_len_ok(err, k3::kCheckMlaPrefillAbsorbedSeqLens, b, dev_len, causal ? q_rows : 0, bt_cols, page_size);
   const int seq_len = len_ok ? dev_len : 0;
-  const mla::Cache c = make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, block_table + b * bt_sb, bt_sp);
+  const mla::Cache c =
+      make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp);
   if (!pages_ok(err, k3::kCheckMlaPrefillAbsorbedBlockTable, c, b, len_ok, 0, seq_len, num_pages)) return;  // block-uniform
   const mla::Query qq = {q, q_dt, q0 * q_st, q_st, q_sh};
   mla::Dest d;

@@ -46,6 +46,7 @@ struct Cache {
   int fnuz;
   int latent;
   int rope;
+  int kv_stages;          // stages of the raw pipeline (attend_mma); the launch's shared memory holds them
 };
 
 // Byte offset of token s's row (the page's block-table entry was checked by pages_ok).
@@ -168,14 +169,15 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_widt
 // each staged value is read by one fragment load per k-step, so no conversion is repeated.
 //
 // Stages, by warp size (the host knows it; the emulator at warp 64 and the HIP stand-ins then
-// size shared memory and stage as AMD does): up to 3 at warp 32, where the copies are
+// size shared memory and stage as AMD does): 2 to kMaxKvStages at warp 32, where the copies are
 // asynchronous (cp.async on CUDA; held back until their wait in the emulator, which so checks
-// the pipeline's waits), so the next tiles land while tile t is multiplied; how many is
-// raw_stages (mla_attend_mma.cuh), by row size. 1 at warp 64 (AMD), where k3::AsyncCopy is a
-// synchronous register-staged copy (see k3/async_copy.h): a second buffer would not overlap
-// anything and would cost LDS (MI300X holds two blocks per CU only under 32 KiB each). The host
-// mirrors this (kernels/src/ops/mla_decode.rs, raw_stages).
-constexpr int kMaxKvStages = k3::kWarpSize == 32 ? 3 : 1;
+// the pipeline's waits), so the next tiles land while tile t is multiplied. The host chooses
+// how many (kernels/src/ops/mla_decode.rs, kv_stages: about 64 KiB of tiles in flight where the
+// device's shared memory per block allows, Cache::kv_stages) and sizes the launch's shared
+// memory for them. 1 at warp 64 (AMD), where k3::AsyncCopy is a synchronous register-staged copy
+// (see k3/async_copy.h): a second buffer would not overlap anything and would cost LDS (MI300X
+// holds two blocks per CU only under 32 KiB each).
+constexpr int kMaxKvStages = k3::kWarpSize == 32 ? 8 : 1;
 // With one stage nothing overlaps, so warp 64 keeps staging decoded bf16 (load_tile<true>):
 // decoding at fragment load cost gfx942 56 VGPRs (v200 -> v256, 2 -> 1 blocks per CU) and
 // gfx950 32 B of scratch in the prefill kernel.

@@ -15,10 +15,11 @@
 //! The `*_mma` kernels read queries and cache rows only in 16-byte transfers; inputs they cannot
 //! (unaligned pointers, strides or dims, see `vector_kernel`) run `*_mma_unaligned`. At warp 32
 //! (CUDA) the `*_mma` kernels pipeline the KV tiles: the cache rows as stored are copied by
-//! cp.async (k3::AsyncCopy) one or two tiles ahead of the one being multiplied and decoded
-//! at fragment load (3 stages for fp8 caches, 2 for bf16, `raw_stages`; their dynamic shared
-//! memory depends on the cache format, `raw_pitch`); at warp 64 (AMD, synchronous copies) they
-//! stage one decoded bf16 tile.
+//! cp.async (k3::AsyncCopy) up to 64 KiB ahead of the tile being multiplied, as far as the
+//! device's shared memory per block allows, and decoded at fragment load (`kv_stages`: K3's fp8
+//! caches 7 stages on H200 / B300, 3 within 48 KiB; bf16 4 and 2; the kernels take the count as
+//! an argument and the launch's dynamic shared memory holds the stages); at warp 64 (AMD,
+//! synchronous copies) they stage one decoded bf16 tile.
 
 use super::mla_format::{format_codes, ByteLayout};
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
@@ -57,13 +58,30 @@ fn shared_bytes(width: usize) -> u32 {
     (4 * ROWS * TILE + 4 * TILE * 5 + 2 * TILE * kv_pitch(width)) as u32
 }
 
-/// `mla::raw_stages` and `mla::kRawStaging`: at warp 32 the `*_mma` kernels pipeline raw KV
-/// tiles (cp.async on CUDA, deferred copies in the emulator), two ahead of the one being
-/// multiplied when two tiles of rows fit `mla::kAheadBytes` (fp8 caches: 3 stages), else one
-/// (bf16 cache: 2); at warp 64 (AMD, whose copy is synchronous) they stage one decoded bf16 tile.
-fn raw_stages(warp_size: u32, c: &MlaPagedCache) -> Option<usize> {
-    const AHEAD_BYTES: usize = 24 * 1024;
-    (warp_size == 32).then(|| if 2 * MMA_TILE * raw_pitch(c) <= AHEAD_BYTES { 3 } else { 2 })
+/// KV tile bytes the `*_mma` kernels' raw pipeline aims to keep in flight per block, ahead of the
+/// tile being multiplied, where the device's shared memory per block allows. They hold one
+/// block per SM (registers), so this is the SM's bytes in flight: by Little's law 64 KiB covers
+/// ~1.8 µs of DRAM latency at an H200 SM's share of HBM (4.8 TB/s over 132 SMs = 36 KB/µs) and
+/// ~1.2 µs at a B300's (8 TB/s over 148 SMs). An estimate, not a measurement (BENCHMARKS.md,
+/// "MLA round 5").
+const KV_AHEAD_BYTES: usize = 64 * 1024;
+/// `mla::kMaxKvStages` at warp 32: the stages the kernels' wait covers (7 tiles ahead).
+const MAX_KV_STAGES: usize = 8;
+
+/// `Cache::kv_stages`, the stages of the `*_mma` kernels' raw pipeline (`mla::kRawStaging`: at
+/// warp 32, where the copies are asynchronous: cp.async on CUDA, deferred in the emulator): one
+/// tile multiplied and up to [`KV_AHEAD_BYTES`] of tiles ahead (at least one, at most
+/// [`MAX_KV_STAGES`] - 1), as many of those as fit `limit` bytes of shared memory with the
+/// `fixed` bytes the core needs beside them. K3's fp8 caches (656-byte rows, 10.5 KB tiles): 7
+/// stages where a block may have 227 KiB (H200, B300), 3 within 48 KiB (the emulator's default);
+/// its bf16 cache (1168-byte pitch, 18.7 KB tiles): 4 and 2. None at warp 64 (AMD, whose copy is
+/// synchronous): one decoded bf16 tile.
+fn kv_stages(warp_size: u32, c: &MlaPagedCache, fixed: usize, bf16_tile: usize, limit: usize) -> Option<usize> {
+    let tile = MMA_TILE * raw_pitch(c);
+    let wanted = 1 + (KV_AHEAD_BYTES / tile).clamp(1, MAX_KV_STAGES - 1);
+    let fits = |stages: usize| fixed + bf16_tile.max(stages * tile) <= limit;
+    // Two stages when not even those fit: the launch then fails its shared-memory check.
+    (warp_size == 32).then(|| (3..=wanted).rev().find(|&s| fits(s)).unwrap_or(2))
 }
 
 /// `mla::raw_pitch(mla::raw_row_bytes(...))`: a cache row as stored, padded to 16 mod 128 bytes.
@@ -89,23 +107,36 @@ fn attention_resident_blocks(arch: &str) -> u32 {
     }
 }
 
+/// How an attention kernel family runs for given tensors (`GpuBackend::attention_core`).
+struct AttentionCore {
+    /// The kernel's name: the family with `_mma`, `_mma_unaligned` or nothing (f32 SIMT core).
+    name: String,
+    /// Dynamic shared bytes of the launch.
+    shared: u32,
+    /// `Cache::kv_stages`: the raw pipeline's stages (1 where the core has none).
+    kv_stages: i32,
+}
+
 /// Which attention core a launch uses: the tensor-core one (`*_mma` kernels) for bf16 queries
-/// whose 16-padded row fits, else the f32 SIMT one. Returns the kernel name suffix and the
-/// dynamic shared bytes; `vec`: the 16-byte `*_mma` form (raw pipeline stages at warp 32), else
-/// `*_mma_unaligned` (one bf16 tile).
-fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32) -> (&'static str, u32) {
+/// whose 16-padded row fits, else the f32 SIMT one. Returns the kernel name suffix, the dynamic
+/// shared bytes and the raw pipeline's stages; `vec`: the 16-byte `*_mma` form (raw pipeline
+/// stages at warp 32), else `*_mma_unaligned` (one bf16 tile). `limit`: the device's shared
+/// memory per block.
+fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32, limit: usize) -> (&'static str, u32, usize) {
     let wpad = c.dims.latent.next_multiple_of(16) + c.dims.rope.next_multiple_of(16);
     if q_dtype == DType::BF16 && wpad <= MAX_WIDTH {
-        // `mla::mma_shared_bytes`: 8 warps' partial scores, P, alpha, l, multipliers, KV area
-        // (the bf16 tile, or the raw stages, which also hold the bf16 query rows at first).
+        // The MMA core's shared memory (mla_attend_mma.cuh): 8 warps' partial scores, P, alpha,
+        // l, multipliers, then the KV area: the bf16 tile, or the raw stages, which also hold
+        // the bf16 query rows at first.
+        let fixed = 4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5;
         let bf16_tile = 2 * MMA_TILE * kv_pitch(wpad);
-        let kv_area = match raw_stages(warp_size, c) {
-            Some(stages) if vec => bf16_tile.max(stages * MMA_TILE * raw_pitch(c)),
-            _ => bf16_tile,
+        let (kv_area, stages) = match kv_stages(warp_size, c, fixed, bf16_tile, limit) {
+            Some(stages) if vec => (bf16_tile.max(stages * MMA_TILE * raw_pitch(c)), stages),
+            _ => (bf16_tile, 1),
         };
-        ("_mma", (4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5 + kv_area) as u32)
+        ("_mma", (fixed + kv_area) as u32, stages)
     } else {
-        ("", shared_bytes(c.dims.width()))
+        ("", shared_bytes(c.dims.width()), 1)
     }
 }
 
@@ -129,14 +160,15 @@ fn vector_kernel(q: DevicePtr, q_strides: &[usize], cache: DevicePtr, bl: &ByteL
 }
 
 impl<R: Runtime> GpuBackend<R> {
-    /// The kernel `family` (`mla_decode_gluon`, ...) runs as for these tensors: its `_mma`,
-    /// `_mma_unaligned` or f32 form, with its dynamic shared bytes.
-    fn attention_kernel(&self, family: &str, q: &TensorRef<'_, Self>, c: &MlaPagedCache, cache: &TensorRef<'_, Self>) -> (String, u32) {
+    /// How the kernel `family` (`mla_decode_gluon`, ...) runs for these tensors: its `_mma`,
+    /// `_mma_unaligned` or f32 form, its dynamic shared bytes and KV stages.
+    fn attention_core(&self, family: &str, q: &TensorRef<'_, Self>, c: &MlaPagedCache, cache: &TensorRef<'_, Self>) -> AttentionCore {
         let (qp, cp) = (self.ptr(q.buf, &q.layout), self.ptr(cache.buf, &cache.layout));
         let aligned = vector_kernel(qp, &q.layout.strides, cp, &ByteLayout::of(&cache.layout), c);
-        let (suffix, smem) = core(q.layout.dtype, c, aligned, self.device_info().warp_size);
+        let info = self.device_info();
+        let (suffix, shared, stages) = core(q.layout.dtype, c, aligned, info.warp_size, info.shared_mem_per_block);
         let tail = if suffix == "_mma" && !aligned { "_unaligned" } else { "" };
-        (format!("{family}{suffix}{tail}"), smem)
+        AttentionCore { name: format!("{family}{suffix}{tail}"), shared, kv_stages: stages as i32 }
     }
 }
 
@@ -172,7 +204,15 @@ impl<R: Runtime> GpuBackend<R> {
     /// Cache, block table and sequence lengths, then the bounds the kernels check the device
     /// metadata against (pages in the cache, block-table columns), in the order every attention
     /// kernel takes them.
-    fn push_cache(&self, a: &mut KernelArgs, c: &MlaPagedCache, cache: &TensorRef<'_, Self>, table: &TensorRef<'_, Self>, lens: &TensorRef<'_, Self>) -> Result<()> {
+    fn push_cache(
+        &self,
+        a: &mut KernelArgs,
+        c: &MlaPagedCache,
+        kv_stages: i32,
+        cache: &TensorRef<'_, Self>,
+        table: &TensorRef<'_, Self>,
+        lens: &TensorRef<'_, Self>,
+    ) -> Result<()> {
         let (kind, fnuz) = format_codes(c.format);
         let bl = ByteLayout::of(&cache.layout);
         arg(a, self.ptr(cache.buf, &cache.layout));
@@ -183,6 +223,7 @@ impl<R: Runtime> GpuBackend<R> {
         arg(a, fnuz);
         arg(a, to_i32("params.cache.dims.latent", c.dims.latent)?);
         arg(a, to_i32("params.cache.dims.rope", c.dims.rope)?);
+        arg(a, kv_stages);
         arg(a, self.ptr(table.buf, &table.layout));
         arg(a, table.layout.strides[0] as i64);
         arg(a, table.layout.strides[1] as i64);
@@ -305,13 +346,13 @@ impl<R: Runtime> GpuBackend<R> {
         let (q, out) = (&args.q, &args.out);
 
         // Arguments common to both attention kernels, up to and including `q_len`.
-        let common = |a: &mut KernelArgs| -> Result<()> {
+        let common = |a: &mut KernelArgs, kv_stages: i32| -> Result<()> {
             arg(a, self.ptr(q.buf, &q.layout));
             arg(a, dtype_code(q.layout.dtype));
             for &st in &q.layout.strides[..3] {
                 arg(a, st as i64);
             }
-            self.push_cache(a, &p.cache, &args.kv_cache, &args.block_table, &args.seq_lens)?;
+            self.push_cache(a, &p.cache, kv_stages, &args.kv_cache, &args.block_table, &args.seq_lens)?;
             self.push_out(a, out.buf, &out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
             arg(a, self.ws_ptr(ws, 0));
             arg(a, lse_off);
@@ -330,20 +371,20 @@ impl<R: Runtime> GpuBackend<R> {
             self.push_out(a, out.buf, &out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
             Ok(())
         };
-        let kernel = |family: &str| self.attention_kernel(family, q, &p.cache, &args.kv_cache);
+        let core = |family: &str| self.attention_core(family, q, &p.cache, &args.kv_cache);
         let batch = to_i32("batch", plan.batch)? as u32;
 
         match plan.kernel {
             MlaKernel::Gluon => {
+                let k = core("mla_decode_gluon");
                 let mut a = KernelArgs::new();
-                common(&mut a)?;
+                common(&mut a, k.kv_stages)?;
                 arg(&mut a, to_i32("params.splits", s.num_splits)?);
                 arg(&mut a, score_scale);
                 arg(&mut a, out_scale);
                 self.push_checks(&mut a, stream)?;
                 let grid = (batch, grid_dim("params.heads x params.q_len", plan.head_groups * q_len)?, grid_dim("params.splits", s.num_splits)?);
-                let (name, smem) = kernel("mla_decode_gluon");
-                self.launch(&name, LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)?;
+                self.launch(&k.name, LaunchConfig::new(grid, BLOCK, k.shared), &mut a, stream)?;
                 if s.num_splits > 1 {
                     let mut a = KernelArgs::new();
                     reduce(&mut a, DevicePtr(0), s.num_splits as i32)?;
@@ -358,15 +399,15 @@ impl<R: Runtime> GpuBackend<R> {
                     self.launch_asm_schedule(plan, &args.seq_lens, ws, stream)?;
                 }
 
+                let k = core("mla_decode_asm");
                 let mut a = KernelArgs::new();
-                common(&mut a)?;
+                common(&mut a, k.kv_stages)?;
                 arg(&mut a, self.ws_ptr(ws, items));
                 arg(&mut a, self.ws_ptr(ws, cu_indptr));
                 arg(&mut a, score_scale);
                 arg(&mut a, out_scale);
                 self.push_checks(&mut a, stream)?;
-                let (name, smem) = kernel("mla_decode_asm");
-                self.launch(&name, LaunchConfig::new(cus as u32, BLOCK, smem), &mut a, stream)?;
+                self.launch(&k.name, LaunchConfig::new(cus as u32, BLOCK, k.shared), &mut a, stream)?;
                 if !s.reduce.is_empty() {
                     let mut a = KernelArgs::new();
                     reduce(&mut a, self.ws_ptr(ws, reduce_map), 0)?;
@@ -414,12 +455,13 @@ impl<R: Runtime> MlaPrefillAbsorbed for GpuBackend<R> {
         }
         let (score_scale, out_scale) = scales(&p.cache, p.softmax_scale);
         let q = &args.q;
+        let k = self.attention_core("mla_prefill_absorbed", q, &p.cache, &args.kv_cache);
         let mut a = KernelArgs::new();
         arg(&mut a, self.ptr(q.buf, &q.layout));
         arg(&mut a, dtype_code(q.layout.dtype));
         arg(&mut a, q.layout.strides[0] as i64);
         arg(&mut a, q.layout.strides[1] as i64);
-        self.push_cache(&mut a, &p.cache, &args.kv_cache, &args.block_table, &args.seq_lens)?;
+        self.push_cache(&mut a, &p.cache, k.kv_stages, &args.kv_cache, &args.block_table, &args.seq_lens)?;
         arg(&mut a, self.ptr(args.cu_seqlens_q.buf, &args.cu_seqlens_q.layout));
         arg(&mut a, args.cu_seqlens_q.layout.strides[0] as i64);
         arg(&mut a, to_i32("q", args.q.layout.shape[0])?);
@@ -435,14 +477,42 @@ impl<R: Runtime> MlaPrefillAbsorbed for GpuBackend<R> {
             grid_dim("params.heads", plan.head_groups)?,
             grid_dim("batch", plan.batch)?,
         );
-        let (name, smem) = self.attention_kernel("mla_prefill_absorbed", q, &p.cache, &args.kv_cache);
-        self.launch(&name, LaunchConfig::new(grid, BLOCK, smem), &mut a, stream)
+        self.launch(&k.name, LaunchConfig::new(grid, BLOCK, k.shared), &mut a, stream)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::attention_resident_blocks;
+    use super::{attention_resident_blocks, core};
+    use kernel_api::ops::kv_cache::{Fp8Flavor, KvCacheFormat, KvDims};
+    use kernel_api::ops::mla_decode::MlaPagedCache;
+    use kernel_api::DType;
+
+    /// K3's caches (latent 512, rope 64): the stages and dynamic shared bytes of the `*_mma`
+    /// kernels on a device with 227 KiB per block (H200), at the emulator's default 48 KiB (the
+    /// shapes of MLA round 4), at warp 64, and for the unaligned form.
+    #[test]
+    fn kv_stages_follow_the_shared_memory_per_block() {
+        let cache = |format| MlaPagedCache { dims: KvDims { latent: 512, rope: 64 }, format, page_size: 64, num_pages: 1, kv_scale: 1.0 };
+        let (fp8, tiled, bf16) = (
+            cache(KvCacheFormat::Fp8Flat(Fp8Flavor::E4M3Fn)),
+            cache(KvCacheFormat::Fp8Tiled(Fp8Flavor::E4M3Fn)),
+            cache(KvCacheFormat::Bf16),
+        );
+        let h200 = 227 * 1024;
+        // 9664 fixed bytes + stages x 16 rows x pitch (656 B fp8, 1168 B bf16).
+        assert_eq!(core(DType::BF16, &fp8, true, 32, h200), ("_mma", 9664 + 7 * 10496, 7));
+        assert_eq!(core(DType::BF16, &tiled, true, 32, h200), ("_mma", 9664 + 7 * 10496, 7));
+        assert_eq!(core(DType::BF16, &bf16, true, 32, h200), ("_mma", 9664 + 4 * 18688, 4));
+        assert_eq!(core(DType::BF16, &fp8, true, 32, 48 * 1024), ("_mma", 41152, 3));
+        assert_eq!(core(DType::BF16, &bf16, true, 32, 48 * 1024), ("_mma", 47040, 2));
+        // Between the two: as many stages as fit.
+        assert_eq!(core(DType::BF16, &fp8, true, 32, 64 * 1024).2, 5);
+        // Warp 64 and the unaligned form stage one bf16 tile.
+        assert_eq!(core(DType::BF16, &fp8, true, 64, h200), ("_mma", 9664 + 18688, 1));
+        assert_eq!(core(DType::BF16, &fp8, false, 32, h200), ("_mma", 9664 + 18688, 1));
+        assert_eq!(core(DType::F32, &fp8, true, 32, h200).2, 1);
+    }
 
     /// The table agrees with the resource report: every K3 launch of the two `*_mma` attention
     /// kernels there has the resident blocks the table gives its target.
