@@ -356,23 +356,33 @@ MOE_INLINE K3_DEVICE k3::u32x4 moe_mxfp8_chunk(k3::u32x4 x) {
 // multiple of 8 (of 32 for MXFP4).
 //
 // Pipeline depth, in steps of kMmaBK = 64 k, and shared memory (static: at most 48 KiB).
-//  - MXFP4 weights, 3 steps: a raw gate/up step is 128 rows x 32 code bytes, kept at a 48-B pitch
-//    (16-B multiple for the copies; rows at word 12g, so the 8 rows of an m16n8k16 B fragment
-//    read distinct banks): 3 x 128 x 48 = 18432 B, the size of one bf16 step (128 x 72 x 2), plus
-//    3 x 128 x 2 = 768 B of E8M0 bytes. a_tile's 64 rows hold 3 16-row activation steps.
+//  - MXFP4 weights, 4 steps (3 on AMD): a raw gate/up step is 128 rows x 32 code bytes, kept at a
+//    48-B pitch (16-B multiple for the copies; rows at word 12g, so the 8 rows of an m16n8k16 B
+//    fragment read distinct banks): 4 x 128 x 48 = 24576 B, inside the two bf16 steps' bytes
+//    (2 x 128 x 72 x 2 = 36864; on AMD 3 steps, 18432 B, the size of its one bf16 step), plus
+//    4 x 128 x 2 = 1024 B of E8M0 bytes. a_tile's 64 rows hold 4 16-row activation steps. On
+//    AMD the codes go through registers with the scales (two register sets, kRegAhead = 2 steps
+//    ahead), which is what bounds the ring there; elsewhere they are async copies issued 3
+//    steps ahead and only the scale bytes take the register path.
 //  - bf16 weights, 2 steps: 2 x 18432 B (3 would be 55296 B with the activations: past 48 KiB).
 //    On AMD one step, staged through registers (the HIP AsyncCopy is synchronous): 2 steps would
 //    take the block to 47616 B, 1 block per CU on MI300X's 64 KiB instead of 2.
-// The block holds 47616 B on NVIDIA and in the emulator (28416 B before): 4 blocks per SM on
-// H200 (4 x (47616 + 1024 reserved) = 190 KiB of 228), as many as the 16-row kernel's <= 128
-// registers allow (3 for the split kernel); on AMD 29184 B, 2 blocks per CU on MI300X as before.
+// The block holds 47872 B on NVIDIA and in the emulator: 4 blocks per SM on H200
+// (4 x (47872 + 1024 reserved) = 191 KiB of 228), as many as the 16-row kernel's <= 128
+// registers allow (3 for the split kernel); on AMD 29184 B, 2 blocks per CU on MI300X.
+#if K3_TARGET_HIP
 constexpr int kMxStages = 3;
+#else
+constexpr int kMxStages = 4;
+#endif
+constexpr int kRegAhead = 2;  // steps ahead the register-staged parts run (near and far sets)
 constexpr int kBf16Stages = 2;
 #if K3_TARGET_HIP
 constexpr int kBf16Tiles = 1;
 #else
 constexpr int kBf16Tiles = kBf16Stages;
 #endif
+static_assert(kBf16Tiles > 1 || kMxStages == kRegAhead + 1, "register-staged codes (AMD) ride with their scales");
 constexpr int kMxPitch = 48;                        // bytes per staged MXFP4 weight row (32 used)
 constexpr int kMxChunk = 16;                        // code bytes per 16-B chunk (kMxChunkK k)
 
@@ -389,7 +399,7 @@ struct alignas(16) MoeMmaShared {
   int row_in[kMmaRM];    // the input row of each pair (its token for GateUp), -1 for none
   float row_w[kMmaRM];   // Down: the pair's router weight
 };
-static_assert(sizeof(MoeMmaShared::w_mx) <= sizeof(k3::bf16) * 2 * kMoeBN * kMmaLds, "the raw ring fits in a bf16 step");
+static_assert(sizeof(MoeMmaShared::w_mx) <= sizeof(MoeMmaShared::w_tile), "the raw ring fits in the bf16 tiles");
 
 // Issue the asynchronous copies of a 16-row activation step into slot `slot` of a_tile (one
 // chunk per thread; rows without a pair and k past k_end are zero-filled).
@@ -421,9 +431,10 @@ MOE_INLINE K3_DEVICE MoeWChunk moe_w_chunk(int q, int n0, int n, int k0, int k_e
 }
 
 // Issue an MXFP4 weight step (kMxChunksPerRow chunks of 16 code bytes per row, with one E8M0
-// byte each): the codes into slot `slot` of w_mx asynchronously (kAsync) or into the registers
-// x, the scale bytes into the registers sc. Chunks past n or k_end read as zero codes.
-template <int kWRows, bool kAsync, int kMaxPending, int kChunks>
+// byte each). kCodes: the codes into slot `slot` of w_mx asynchronously (kAsync) or into the
+// registers x; kScales: the scale bytes into the registers sc. Chunks past n or k_end read as
+// zero codes.
+template <int kWRows, bool kAsync, bool kCodes, bool kScales, int kMaxPending, int kChunks>
 MOE_INLINE K3_DEVICE void moe_mma_issue_mx(k3::AsyncCopy<kMaxPending>& cp, MoeMmaShared& sh, int slot,
                                            k3::u32x4 (&x)[kAsync ? 1 : kChunks], uint32_t (&sc)[kChunks], int tid,
                                            const uint8_t* codes, int64_t w_s1, const uint8_t* sc_e, int64_t sc_s1,
@@ -434,10 +445,10 @@ MOE_INLINE K3_DEVICE void moe_mma_issue_mx(k3::AsyncCopy<kMaxPending>& cp, MoeMm
     if (q >= kWRows * kMxChunksPerRow) break;
     const MoeWChunk c = moe_w_chunk<kWRows, kMxChunksPerRow, kMxChunkK>(q, n0, n, k0, k_end);
     const uint8_t* src = c.ok ? codes + c.row * w_s1 + c.kc / 2 : codes;
-    sc[i] = c.ok ? sc_e[c.row * sc_s1 + (c.kc / kMxChunkK) * sc_s2] : 0u;
-    if constexpr (kAsync) {
+    if constexpr (kScales) sc[i] = c.ok ? sc_e[c.row * sc_s1 + (c.kc / kMxChunkK) * sc_s2] : 0u;
+    if constexpr (kCodes && kAsync) {
       cp.copy_16b_or_zero(&sh.w_mx[slot][c.lr][(q % kMxChunksPerRow) * kMxChunk], src, c.ok);
-    } else {
+    } else if constexpr (kCodes) {
       const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
       x[i] = c.ok ? k3::load_16b(src) : zero16;
     }
@@ -532,7 +543,10 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   static_assert(!kAsyncA || kAChunks == 1, "one activation chunk per thread and step");
   constexpr int kAsyncPerStep = (kAsyncA ? kAChunks : 0) + (kAsyncW ? (kMx ? kXChunks : kWChunks) : 0);
   constexpr int kMaxPending = kAsyncPerStep > 0 ? (kStages - 1) * kAsyncPerStep : 1;
-  static_assert(!kMx || kStages == 3, "two register sets (near, far) carry the register-staged MXFP4 steps");
+  // The register-staged MXFP4 parts (E8M0 bytes; AMD's codes) run kRegAhead steps ahead in two
+  // register sets, the async ring kStages - 1 ahead; on AMD the two are the same step.
+  static_assert(!kMx || kStages >= kRegAhead + 1, "the ring reaches at least as far as the registers");
+  constexpr bool kMxTogether = kStages == kRegAhead + 1;  // codes and scales of one step at once
 
   auto& a_tile = sh.a_tile;
   auto& w_tile = sh.w_tile[0];  // the single bf16 tile of the register path
@@ -592,10 +606,12 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
     //    activations of 16-row chunks (a_tile's 64 rows hold kStages 16-row slots) and, except on
     //    AMD, the weights (raw MXFP4 code bytes into w_mx, bf16 rows into w_tile), issued
     //    kStages - 1 iterations ahead; each thread waits for its own copies before the barrier.
-    //  - through registers, loaded with step t's copies and stored before iteration t's barrier:
-    //    the E8M0 bytes (w_scale; cp.async moves 4 B at least, a step has 2 B per row), and on AMD
-    //    the code bytes too (the HIP AsyncCopy is a synchronous register copy: issued ahead it
-    //    would stall; see k3/async_copy.h). Two register sets (steps t + 1 and t + 2).
+    //  - through registers, loaded kRegAhead = 2 iterations ahead and stored into their ring slot
+    //    before iteration t's barrier: the E8M0 bytes (w_scale; cp.async moves 4 B at least, a
+    //    step has 2 B per row), and on AMD the code bytes too (the HIP AsyncCopy is a synchronous
+    //    register copy: issued ahead it would stall; see k3/async_copy.h). Two register sets
+    //    (steps s + 1 and s + 2); where the ring is deeper than that (MXFP4 on NVIDIA and in the
+    //    emulator: codes 3 steps ahead), a step's scales follow its codes by one iteration.
     //  - through registers into a single tile, loaded one iteration ahead: the activations of
     //    64-row chunks (or at warp 64, where 16 rows are half a chunk per thread) and the bf16
     //    weights on AMD; a second barrier then ends the iteration.
@@ -663,11 +679,19 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       if (t < steps) {
         if constexpr (kAsyncA) moe_mma_issue_a(cp, sh, t % kStages, tid, in_bf16, in_s0, k_begin + t * kMmaBK, k_end);
         if constexpr (kMx) {
-          moe_mma_issue_mx<kWRows, kAsyncW>(cp, sh, t % kStages, x_far, sc_far, tid, w_mx, w_s1, sc_e, sc_s1, sc_s2,
-                                            n0, n, k_begin + t * kMmaBK, k_end);
+          moe_mma_issue_mx<kWRows, kAsyncW, true, kMxTogether>(cp, sh, t % kStages, x_far, sc_far, tid, w_mx, w_s1, sc_e,
+                                                                sc_s1, sc_s2, n0, n, k_begin + t * kMmaBK, k_end);
         } else if constexpr (kAsyncW) {
           moe_mma_issue_w<kWRows, kMaxPending, kWChunks>(cp, sh, t % kStages, tid, w_bf16, w_s1, n0, n,
                                                          k_begin + t * kMmaBK, k_end);
+        }
+      }
+      if constexpr (kMx && !kMxTogether) {
+        // The E8M0 bytes of step s + kRegAhead into the far set (its codes were issued earlier).
+        const int t2 = s + kRegAhead;
+        if (t2 >= 0 && t2 < steps) {
+          moe_mma_issue_mx<kWRows, kAsyncW, false, true>(cp, sh, t2 % kStages, x_far, sc_far, tid, w_mx, w_s1, sc_e,
+                                                          sc_s1, sc_s2, n0, n, k_begin + t2 * kMmaBK, k_end);
         }
       }
       cp.commit();
