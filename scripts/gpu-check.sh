@@ -26,7 +26,8 @@
 #   5. demo, doctor: k3 demo --backend cuda, k3 doctor --backend cuda --json
 #   6. device_bench: k3-device-bench --backend cuda (every op family at K3 shapes; each row with
 #      % of measured copy bandwidth and % of its speed-of-light floor on this card, the part
-#      matched from the device name or K3_GPU_CHECK_HARDWARE)
+#      matched from the device name or K3_GPU_CHECK_HARDWARE; MLA decode also at KV pipeline
+#      depths 2..7 side by side, rows `kv_stages=N`, to check the default depth)
 #   7. copy_bandwidth: copy bandwidth and launch latency
 #   8. fla_peer: FLA's chunk_kda / fused_recurrent_kda against kda_prefill / kda_decode on the same
 #      inputs (benches/peer/fla_kda.py; the bundle's fla-core wheel, this machine's PyTorch)

@@ -49,14 +49,19 @@ fn smoke_run_on_simt32_reports_every_op_family() {
             .count()
     };
     // Smoke shapes: 1 head count; 2 prefill batches, 2 decode batches, 2 MLA batches x 1 context
-    // per cache format, 2 MoE token counts (each with checks on and off), 2 GEMM shapes x 2
-    // token counts x 1 route (checks on).
+    // per cache format and (warp 32) the fp8 cache at 2 and 3 KV stages, 2 MoE token counts
+    // (each with checks on and off), 2 GEMM shapes x 2 token counts x 1 route (checks on).
     for checks in ["on", "off"] {
         let count = |op: &str, dtype_has: &str| count_with(op, dtype_has, checks);
         assert_eq!(count("kda_prefill", ""), 2, "checks {checks}");
         assert_eq!(count("kda_decode", ""), 2, "checks {checks}");
         assert_eq!(count("mla_decode", "bf16 cache"), 2, "checks {checks}");
-        assert_eq!(count("mla_decode", "fp8"), 2, "checks {checks}");
+        assert_eq!(count("mla_decode", "fp8"), 4, "checks {checks}");
+        for stages in [2, 3] {
+            let label = format!("kv_stages={stages}");
+            let swept = rows.iter().filter(|r| r["op"] == "mla_decode" && r["device_checks"] == checks && r["shape"].as_str().is_some_and(|s| s.ends_with(&label)));
+            assert_eq!(swept.count(), 1, "{label}, checks {checks}");
+        }
         for op in ["moe_router", "moe_align", "moe_gemm_gate_up", "moe_gemm_down", "moe_combine", "moe"] {
             assert_eq!(count(op, ""), 2, "{op}, checks {checks}");
         }

@@ -6,7 +6,7 @@ use crate::device_checks::{CheckRecords, DeviceChecks};
 use crate::runtime::{DevicePtr, KernelArg, KernelArgs, LaunchConfig, ModuleImage, Runtime};
 use kernel_api::{Backend, DType, DeviceInfo, Error, Layout, Result};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// The contract's backend over a kernel runtime.
@@ -19,6 +19,9 @@ pub struct GpuBackend<R: Runtime> {
     checks: CheckRecords<R::Buffer>,
     /// Whether launches pass their stream's record ([`DeviceChecks::On`]) or a null pointer.
     checks_on: AtomicBool,
+    /// The MLA `*_mma` kernels' KV pipeline stages, fixed by `set_mla_kv_stages` (0: chosen from
+    /// the device's shared memory).
+    pub(crate) mla_kv_stages: AtomicUsize,
 }
 
 impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
@@ -42,7 +45,15 @@ impl<R: Runtime> GpuBackend<R> {
     pub fn from_module(rt: R, module: R::Module, name: impl Into<String>) -> Result<Self> {
         let mode = DeviceChecks::from_env()?;
         let checks = CheckRecords::new(&rt)?;
-        let b = GpuBackend { rt, module, name: name.into(), kernels: Mutex::new(HashMap::new()), checks, checks_on: AtomicBool::new(true) };
+        let b = GpuBackend {
+            rt,
+            module,
+            name: name.into(),
+            kernels: Mutex::new(HashMap::new()),
+            checks,
+            checks_on: AtomicBool::new(true),
+            mla_kv_stages: AtomicUsize::new(0),
+        };
         b.set_device_checks(mode);
         Ok(b)
     }

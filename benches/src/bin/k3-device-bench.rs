@@ -324,6 +324,9 @@ struct Shapes {
     kda_decode: Vec<usize>,
     mla_batch: Vec<usize>,
     mla_ctx: Vec<usize>,
+    /// KV pipeline depths timed side by side (warp-32 devices: fp8 tiled cache, batch 1, the
+    /// longest context, first head count).
+    mla_kv_stages: Vec<usize>,
     /// (hidden, latent, expert width, experts, top_k)
     moe: (usize, usize, usize, usize, usize),
     moe_tokens: Vec<usize>,
@@ -342,6 +345,7 @@ fn shapes(smoke: bool) -> Shapes {
             kda_decode: vec![1, 4],
             mla_batch: vec![1, 2],
             mla_ctx: vec![64],
+            mla_kv_stages: vec![2, 3],
             moe: (64, 64, 32, 8, 2),
             moe_tokens: vec![1, 4],
             gemm: vec![(64, 128, "down"), (128, 64, "up")],
@@ -356,6 +360,7 @@ fn shapes(smoke: bool) -> Shapes {
             kda_decode: vec![1, 64, 1024],
             mla_batch: vec![1, 16, 64],
             mla_ctx: vec![8192, 65536],
+            mla_kv_stages: vec![2, 3, 4, 5, 6, 7],
             moe: (7168, 3584, 384, 896, 16),
             moe_tokens: vec![1, 64, 1024],
             gemm: vec![
@@ -439,7 +444,17 @@ fn kda_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, batch: 
     c.push("kda_decode", format!("batch={batch} heads={heads} K=V={kd}"), "bf16 io, f32 state", us, p.cost(bf, DType::F32, DType::F32))
 }
 
-fn mla_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, batch: usize, ctx: usize, format: KvCacheFormat, fname: &str) -> Result<()> {
+/// `stages`: the KV pipeline depth the row was timed at, fixed by the caller with
+/// `GpuBackend::set_mla_kv_stages` (named in the row's shape; `None`: the default).
+fn mla_decode<R: Runtime>(
+    c: &mut Bench<'_, R>,
+    heads: usize,
+    batch: usize,
+    ctx: usize,
+    format: KvCacheFormat,
+    fname: &str,
+    stages: Option<usize>,
+) -> Result<()> {
     let b = c.b;
     let page = 64;
     let dims = KvDims::K3;
@@ -476,7 +491,8 @@ fn mla_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, batch: usize, ctx:
     };
     let us = c.time(|| call.run(b, &plan))?;
     let cost = p.cost(batch, batch as u64 * ctx as u64, DType::BF16, DType::BF16);
-    c.push("mla_decode", format!("batch={batch} ctx={ctx} heads={heads} page={page} kernel={:?}", plan.kernel), fname, us, cost)
+    let depth = stages.map(|s| format!(" kv_stages={s}")).unwrap_or_default();
+    c.push("mla_decode", format!("batch={batch} ctx={ctx} heads={heads} page={page} kernel={:?}{depth}", plan.kernel), fname, us, cost)
 }
 
 fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, usize, usize)) -> Result<()> {
@@ -597,8 +613,22 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
         for &ctx in &sh.mla_ctx {
             for &bt in &sh.mla_batch {
                 for (f, name) in [(KvCacheFormat::Bf16, "bf16 cache"), (KvCacheFormat::Fp8Tiled(fp8), fp8_name)] {
-                    checked(&mut c, format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), &mut |c| mla_decode(c, h, bt, ctx, f, name));
+                    checked(&mut c, format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), &mut |c| mla_decode(c, h, bt, ctx, f, name, None));
                 }
+            }
+        }
+        // The KV pipeline's depth side by side (the default, ~64 KiB of tiles ahead, is an
+        // estimate: BENCHMARKS.md "MLA round 5"). Only warp-32 devices pipeline.
+        let longest = sh.mla_ctx.iter().copied().max().unwrap_or(0);
+        if h == sh.heads[0] && b.device_info().warp_size == 32 {
+            for &stages in &sh.mla_kv_stages {
+                let f = KvCacheFormat::Fp8Tiled(fp8);
+                checked(&mut c, format!("mla_decode h={h} b=1 ctx={longest} {fp8_name} kv_stages={stages}"), &mut |c| {
+                    c.b.set_mla_kv_stages(Some(stages))?;
+                    let r = mla_decode(c, h, 1, longest, f, fp8_name, Some(stages));
+                    c.b.set_mla_kv_stages(None)?;
+                    r
+                });
             }
         }
     }

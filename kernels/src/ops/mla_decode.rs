@@ -33,6 +33,7 @@ use kernel_api::ops::mla_decode::{
 use kernel_api::ops::MlaDecodeParams;
 use kernel_api::error::Reasons;
 use kernel_api::{Backend, DType, Dim, Error, Result, TensorRef};
+use std::sync::atomic::Ordering;
 
 /// Threads of the attention kernels (`mla::kBlock`), rows per row tile (`mla::kRows`), tokens
 /// per KV tile (`mla::kTile`) and the SIMT path's register budget.
@@ -72,16 +73,52 @@ const MAX_KV_STAGES: usize = 8;
 /// warp 32, where the copies are asynchronous: cp.async on CUDA, deferred in the emulator): one
 /// tile multiplied and up to [`KV_AHEAD_BYTES`] of tiles ahead (at least one, at most
 /// [`MAX_KV_STAGES`] - 1), as many of those as fit `limit` bytes of shared memory with the
-/// `fixed` bytes the core needs beside them. K3's fp8 caches (656-byte rows, 10.5 KB tiles): 7
-/// stages where a block may have 227 KiB (H200, B300), 3 within 48 KiB (the emulator's default);
-/// its bf16 cache (1168-byte pitch, 18.7 KB tiles): 4 and 2. None at warp 64 (AMD, whose copy is
-/// synchronous): one decoded bf16 tile.
-fn kv_stages(warp_size: u32, c: &MlaPagedCache, fixed: usize, bf16_tile: usize, limit: usize) -> Option<usize> {
+/// `fixed` bytes the core needs beside them; or `forced` stages
+/// ([`GpuBackend::set_mla_kv_stages`]), an error when they do not fit. K3's fp8 caches (656-byte
+/// rows, 10.5 KB tiles): 7 stages where a block may have 227 KiB (H200, B300), 3 within 48 KiB
+/// (the emulator's default); its bf16 cache (1168-byte pitch, 18.7 KB tiles): 4 and 2. None at
+/// warp 64 (AMD, whose copy is synchronous): one decoded bf16 tile.
+fn kv_stages(warp_size: u32, c: &MlaPagedCache, fixed: usize, bf16_tile: usize, limit: usize, forced: Option<usize>) -> Result<Option<usize>> {
+    if warp_size != 32 {
+        return Ok(None);
+    }
     let tile = MMA_TILE * raw_pitch(c);
+    let bytes = |stages: usize| fixed + bf16_tile.max(stages * tile);
+    if let Some(n) = forced {
+        if bytes(n) > limit {
+            return Err(Error::unsupported(
+                "kv_stages",
+                format!("{n} stages of {tile}-byte KV tiles need {} bytes of shared memory; the device has {limit} per block", bytes(n)),
+            ));
+        }
+        return Ok(Some(n));
+    }
     let wanted = 1 + (KV_AHEAD_BYTES / tile).clamp(1, MAX_KV_STAGES - 1);
-    let fits = |stages: usize| fixed + bf16_tile.max(stages * tile) <= limit;
     // Two stages when not even those fit: the launch then fails its shared-memory check.
-    (warp_size == 32).then(|| (3..=wanted).rev().find(|&s| fits(s)).unwrap_or(2))
+    Ok(Some((3..=wanted).rev().find(|&s| bytes(s) <= limit).unwrap_or(2)))
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// Fixes the stage count of the MLA `*_mma` kernels' KV pipeline (decode and absorbed
+    /// prefill) for later launches; `None` returns to the default (about 64 KiB of tiles ahead,
+    /// as many as the device's shared memory per block holds). For benchmarks that time depths
+    /// side by side (`k3-device-bench`). Counts outside 2..=8 are refused here; a launch whose
+    /// stages do not fit the device's shared memory fails with an error naming `kv_stages`. Only
+    /// warp-32 devices pipeline: at warp 64 (AMD) the kernels stage one tile whatever this says.
+    pub fn set_mla_kv_stages(&self, stages: Option<usize>) -> Result<()> {
+        if let Some(n) = stages {
+            if !(2..=MAX_KV_STAGES).contains(&n) {
+                return Err(Error::invalid("kv_stages", format!("{n} is outside 2..={MAX_KV_STAGES}")));
+            }
+        }
+        self.mla_kv_stages.store(stages.unwrap_or(0), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The stage count fixed by [`GpuBackend::set_mla_kv_stages`], if any.
+    pub fn mla_kv_stages(&self) -> Option<usize> {
+        Some(self.mla_kv_stages.load(Ordering::Relaxed)).filter(|&n| n != 0)
+    }
 }
 
 /// `mla::raw_pitch(mla::raw_row_bytes(...))`: a cache row as stored, padded to 16 mod 128 bytes.
@@ -121,23 +158,22 @@ struct AttentionCore {
 /// whose 16-padded row fits, else the f32 SIMT one. Returns the kernel name suffix, the dynamic
 /// shared bytes and the raw pipeline's stages; `vec`: the 16-byte `*_mma` form (raw pipeline
 /// stages at warp 32), else `*_mma_unaligned` (one bf16 tile). `limit`: the device's shared
-/// memory per block.
-fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32, limit: usize) -> (&'static str, u32, usize) {
+/// memory per block; `forced`: [`GpuBackend::set_mla_kv_stages`].
+fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32, limit: usize, forced: Option<usize>) -> Result<(&'static str, u32, usize)> {
     let wpad = c.dims.latent.next_multiple_of(16) + c.dims.rope.next_multiple_of(16);
-    if q_dtype == DType::BF16 && wpad <= MAX_WIDTH {
-        // The MMA core's shared memory (mla_attend_mma.cuh): 8 warps' partial scores, P, alpha,
-        // l, multipliers, then the KV area: the bf16 tile, or the raw stages, which also hold
-        // the bf16 query rows at first.
-        let fixed = 4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5;
-        let bf16_tile = 2 * MMA_TILE * kv_pitch(wpad);
-        let (kv_area, stages) = match kv_stages(warp_size, c, fixed, bf16_tile, limit) {
-            Some(stages) if vec => (bf16_tile.max(stages * MMA_TILE * raw_pitch(c)), stages),
-            _ => (bf16_tile, 1),
-        };
-        ("_mma", (fixed + kv_area) as u32, stages)
-    } else {
-        ("", shared_bytes(c.dims.width()), 1)
+    if q_dtype != DType::BF16 || wpad > MAX_WIDTH {
+        return Ok(("", shared_bytes(c.dims.width()), 1));
     }
+    // The MMA core's shared memory (mla_attend_mma.cuh): 8 warps' partial scores, P, alpha, l,
+    // multipliers, then the KV area: the bf16 tile, or the raw stages, which also hold the bf16
+    // query rows at first.
+    let fixed = 4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5;
+    let bf16_tile = 2 * MMA_TILE * kv_pitch(wpad);
+    let (kv_area, stages) = match vec.then(|| kv_stages(warp_size, c, fixed, bf16_tile, limit, forced)).transpose()?.flatten() {
+        Some(stages) => (bf16_tile.max(stages * MMA_TILE * raw_pitch(c)), stages),
+        None => (bf16_tile, 1),
+    };
+    Ok(("_mma", (fixed + kv_area) as u32, stages))
 }
 
 /// Whether the `*_mma` kernels (16-byte query and cache loads, no bytewise path) may run, else
@@ -162,13 +198,13 @@ fn vector_kernel(q: DevicePtr, q_strides: &[usize], cache: DevicePtr, bl: &ByteL
 impl<R: Runtime> GpuBackend<R> {
     /// How the kernel `family` (`mla_decode_gluon`, ...) runs for these tensors: its `_mma`,
     /// `_mma_unaligned` or f32 form, its dynamic shared bytes and KV stages.
-    fn attention_core(&self, family: &str, q: &TensorRef<'_, Self>, c: &MlaPagedCache, cache: &TensorRef<'_, Self>) -> AttentionCore {
+    fn attention_core(&self, family: &str, q: &TensorRef<'_, Self>, c: &MlaPagedCache, cache: &TensorRef<'_, Self>) -> Result<AttentionCore> {
         let (qp, cp) = (self.ptr(q.buf, &q.layout), self.ptr(cache.buf, &cache.layout));
         let aligned = vector_kernel(qp, &q.layout.strides, cp, &ByteLayout::of(&cache.layout), c);
         let info = self.device_info();
-        let (suffix, shared, stages) = core(q.layout.dtype, c, aligned, info.warp_size, info.shared_mem_per_block);
+        let (suffix, shared, stages) = core(q.layout.dtype, c, aligned, info.warp_size, info.shared_mem_per_block, self.mla_kv_stages())?;
         let tail = if suffix == "_mma" && !aligned { "_unaligned" } else { "" };
-        AttentionCore { name: format!("{family}{suffix}{tail}"), shared, kv_stages: stages as i32 }
+        Ok(AttentionCore { name: format!("{family}{suffix}{tail}"), shared, kv_stages: stages as i32 })
     }
 }
 
@@ -376,7 +412,7 @@ impl<R: Runtime> GpuBackend<R> {
 
         match plan.kernel {
             MlaKernel::Gluon => {
-                let k = core("mla_decode_gluon");
+                let k = core("mla_decode_gluon")?;
                 let mut a = KernelArgs::new();
                 common(&mut a, k.kv_stages)?;
                 arg(&mut a, to_i32("params.splits", s.num_splits)?);
@@ -395,11 +431,11 @@ impl<R: Runtime> GpuBackend<R> {
             MlaKernel::Asm => {
                 let cus = s.cu_indptr.len().saturating_sub(1);
                 let (items, cu_indptr, reduce_map) = asm_schedule_offsets(plan);
+                let k = core("mla_decode_asm")?;
                 if source == ScheduleSource::Build {
                     self.launch_asm_schedule(plan, &args.seq_lens, ws, stream)?;
                 }
 
-                let k = core("mla_decode_asm");
                 let mut a = KernelArgs::new();
                 common(&mut a, k.kv_stages)?;
                 arg(&mut a, self.ws_ptr(ws, items));
@@ -455,7 +491,7 @@ impl<R: Runtime> MlaPrefillAbsorbed for GpuBackend<R> {
         }
         let (score_scale, out_scale) = scales(&p.cache, p.softmax_scale);
         let q = &args.q;
-        let k = self.attention_core("mla_prefill_absorbed", q, &p.cache, &args.kv_cache);
+        let k = self.attention_core("mla_prefill_absorbed", q, &p.cache, &args.kv_cache)?;
         let mut a = KernelArgs::new();
         arg(&mut a, self.ptr(q.buf, &q.layout));
         arg(&mut a, dtype_code(q.layout.dtype));
@@ -500,18 +536,27 @@ mod tests {
             cache(KvCacheFormat::Bf16),
         );
         let h200 = 227 * 1024;
+        let auto = |q, c: &MlaPagedCache, vec, warp, limit| core(q, c, vec, warp, limit, None).unwrap();
         // 9664 fixed bytes + stages x 16 rows x pitch (656 B fp8, 1168 B bf16).
-        assert_eq!(core(DType::BF16, &fp8, true, 32, h200), ("_mma", 9664 + 7 * 10496, 7));
-        assert_eq!(core(DType::BF16, &tiled, true, 32, h200), ("_mma", 9664 + 7 * 10496, 7));
-        assert_eq!(core(DType::BF16, &bf16, true, 32, h200), ("_mma", 9664 + 4 * 18688, 4));
-        assert_eq!(core(DType::BF16, &fp8, true, 32, 48 * 1024), ("_mma", 41152, 3));
-        assert_eq!(core(DType::BF16, &bf16, true, 32, 48 * 1024), ("_mma", 47040, 2));
+        assert_eq!(auto(DType::BF16, &fp8, true, 32, h200), ("_mma", 9664 + 7 * 10496, 7));
+        assert_eq!(auto(DType::BF16, &tiled, true, 32, h200), ("_mma", 9664 + 7 * 10496, 7));
+        assert_eq!(auto(DType::BF16, &bf16, true, 32, h200), ("_mma", 9664 + 4 * 18688, 4));
+        assert_eq!(auto(DType::BF16, &fp8, true, 32, 48 * 1024), ("_mma", 41152, 3));
+        assert_eq!(auto(DType::BF16, &bf16, true, 32, 48 * 1024), ("_mma", 47040, 2));
         // Between the two: as many stages as fit.
-        assert_eq!(core(DType::BF16, &fp8, true, 32, 64 * 1024).2, 5);
+        assert_eq!(auto(DType::BF16, &fp8, true, 32, 64 * 1024).2, 5);
         // Warp 64 and the unaligned form stage one bf16 tile.
-        assert_eq!(core(DType::BF16, &fp8, true, 64, h200), ("_mma", 9664 + 18688, 1));
-        assert_eq!(core(DType::BF16, &fp8, false, 32, h200), ("_mma", 9664 + 18688, 1));
-        assert_eq!(core(DType::F32, &fp8, true, 32, h200).2, 1);
+        assert_eq!(auto(DType::BF16, &fp8, true, 64, h200), ("_mma", 9664 + 18688, 1));
+        assert_eq!(auto(DType::BF16, &fp8, false, 32, h200), ("_mma", 9664 + 18688, 1));
+        assert_eq!(auto(DType::F32, &fp8, true, 32, h200).2, 1);
+        // Fixed stages (GpuBackend::set_mla_kv_stages): taken as they are where they fit, an
+        // error naming kv_stages where they do not, ignored at warp 64 and off the 16-byte path.
+        assert_eq!(core(DType::BF16, &fp8, true, 32, h200, Some(2)).unwrap(), ("_mma", 9664 + 2 * 10496, 2));
+        assert_eq!(core(DType::BF16, &bf16, true, 32, h200, Some(8)).unwrap(), ("_mma", 9664 + 8 * 18688, 8));
+        let err = core(DType::BF16, &fp8, true, 32, 48 * 1024, Some(5)).unwrap_err().to_string();
+        assert!(err.contains("kv_stages") && err.contains("62144"), "{err}");
+        assert_eq!(core(DType::BF16, &fp8, true, 64, 48 * 1024, Some(5)).unwrap().2, 1);
+        assert_eq!(core(DType::BF16, &fp8, false, 32, 48 * 1024, Some(5)).unwrap().2, 1);
     }
 
     /// The table agrees with the resource report: every K3 launch of the two `*_mma` attention
