@@ -43,7 +43,7 @@
 // from bf16 shared tiles (pitch 144 B: bank-conflict free) through a_coord/b_coord.
 // Memory at full width: every lane moves 16-B chunks (8 bf16 of an input or weight row, or 32
 // MXFP4 codes = one MX block), k steps of kMmaBK = 64 in a multi-stage pipeline (see
-// moe_gemm_mma_block: MXFP4 weights 3 steps deep, bf16 weights 2): weights and 16-row activation
+// moe_gemm_mma_block: MXFP4 weights 4 steps deep, 3 on AMD; bf16 weights 2): weights and 16-row activation
 // steps by asynchronous copies (cp.async on sm_80+) into rings in shared memory, the E8M0 bytes
 // and, on AMD, the weights through registers. MXFP4 stays raw in shared memory and is decoded at
 // fragment load (moe_mxfp4.cuh: e2m1 -> f32 bits by shifts, one multiply by the E8M0 scale,
@@ -899,7 +899,10 @@ K3_EXPORT(moe_gemm_grouped_m16_splitk_mma);
 // GEMM) and output column, the splits' raw accumulators summed in ascending split order (fixed:
 // the result is deterministic), then the GEMM's epilogue and one rounding; the rows of an
 // M-block without an expert are written as zeros (moe_zero_unserved_rows). Grid: (M-blocks,
-// column tiles of the block's threads); threads over consecutive columns (coalesced).
+// column tiles of 4 x the block's threads); each thread owns 4 adjacent columns and reads every
+// split's 4 partials (and the up half's) in one 16-byte load when n is a multiple of 4 and the
+// workspace 16-B aligned (uniform: decided from the arguments), else one column at a time. The
+// per-column order is the same on both paths, so they give the same bits.
 K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const int* sorted, int64_t sorted_s0,
                                       const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
                                       const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out,
@@ -907,27 +910,43 @@ K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const in
                                       int experts, int block_m, int n, int max_padded, int gate_up, float beta,
                                       float linear_beta, k3::ErrorRecord* err) {
   const int blk = static_cast<int>(k3::block_idx_x());
-  const int j = static_cast<int>(k3::block_idx_y() * k3::block_dim_x() + k3::thread_idx_x());
+  const int j0 = 4 * static_cast<int>(k3::block_idx_y() * k3::block_dim_x() + k3::thread_idx_x());
   const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
-  if (j >= n) return;
+  if (j0 >= n) return;
+  const int cols = n - j0 < 4 ? n - j0 : 4;
   if (e < 0) {
-    moe_zero_unserved_rows(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1, j, j + 1, 1, err);
+    moe_zero_unserved_rows(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1, j0, j0 + cols, 1, err);
     return;
   }
+  const bool vec = n % 4 == 0 && k3::aligned16(partial);
   const int64_t width = gate_up ? 2 * static_cast<int64_t>(n) : n;
   const int64_t split_stride = static_cast<int64_t>(pairs) * width;
   for (int r = 0; r < block_m; ++r) {
     const int p = moe_row_pair(sorted, sorted_s0, blk, block_m, r, pairs, err);
     if (p < 0) continue;
-    const float* src = partial + p * width + j;
-    float g = 0.0f, u = 0.0f;
+    const float* src = partial + p * width + j0;
+    float g[4] = {0.0f, 0.0f, 0.0f, 0.0f}, u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int z = 0; z < splits; ++z) {
-      g += src[z * split_stride];
-      if (gate_up) u += src[z * split_stride + n];
+      const float* sz = src + z * split_stride;
+      if (vec) {
+        const k3::f32x4 gv = k3::load_f32x4(sz);
+        for (int c = 0; c < 4; ++c) g[c] += gv.v[c];
+        if (gate_up) {
+          const k3::f32x4 uv = k3::load_f32x4(sz + n);
+          for (int c = 0; c < 4; ++c) u[c] += uv.v[c];
+        }
+      } else {
+        for (int c = 0; c < cols; ++c) {
+          g[c] += sz[c];
+          if (gate_up) u[c] += sz[n + c];
+        }
+      }
     }
-    const float v = gate_up ? k3::situ_glu_f32(g, u, beta, linear_beta)
-                            : g * topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
-    k3::store_f32(out, out_dt, p * out_s0 + j * out_s1, v);
+    const float w = gate_up ? 0.0f : topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
+    for (int c = 0; c < cols; ++c) {
+      const float v = gate_up ? k3::situ_glu_f32(g[c], u[c], beta, linear_beta) : g[c] * w;
+      k3::store_f32(out, out_dt, p * out_s0 + (j0 + c) * out_s1, v);
+    }
   }
 }
 K3_EXPORT(moe_gemm_splitk_reduce);

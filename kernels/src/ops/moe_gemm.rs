@@ -240,7 +240,8 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         arg(&mut c, beta);
         arg(&mut c, linear_beta);
         self.push_checks(&mut c, stream)?;
-        let grid = (m_blocks, p.n.div_ceil(THREADS as usize) as u32);
+        // Four columns per thread (16-byte loads of the partials).
+        let grid = (m_blocks, p.n.div_ceil(4 * THREADS as usize) as u32);
         self.launch("moe_gemm_splitk_reduce", LaunchConfig::new(grid, THREADS, 0), &mut c, stream)
     }
 }
