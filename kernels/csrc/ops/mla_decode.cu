@@ -185,7 +185,7 @@ K3_AMD_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const
     const int b = it[0], g = it[1];
     const int seq_len = seq_lens[b * sl_s];
     const mla::Cache c =
-      make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp);
+        make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp);
     if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, true, it[2], it[3], num_pages)) continue;  // block-uniform
     const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
     const mla::Dest d = decode_dest(b, g, it[4], q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);

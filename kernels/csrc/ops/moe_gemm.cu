@@ -43,9 +43,9 @@
 // from bf16 shared tiles (pitch 144 B: bank-conflict free) through a_coord/b_coord.
 // Memory at full width: every lane moves 16-B chunks (8 bf16 of an input or weight row, or 32
 // MXFP4 codes = one MX block), k steps of kMmaBK = 64 in a multi-stage pipeline (see
-// moe_gemm_mma_block: MXFP4 weights 4 steps deep, 3 on AMD; bf16 weights 2): weights and 16-row activation
-// steps by asynchronous copies (cp.async on sm_80+) into rings in shared memory, the E8M0 bytes
-// and, on AMD, the weights through registers. MXFP4 stays raw in shared memory and is decoded at
+// moe_gemm_mma_block: MXFP4 weights 4 steps deep, 3 on AMD; bf16 weights 2): weights and 16-row
+// activation steps by asynchronous copies (cp.async on sm_80+) into rings in shared memory, the
+// E8M0 bytes and, on AMD, the weights through registers. MXFP4 stays raw in shared memory and is decoded at
 // fragment load (moe_mxfp4.cuh: e2m1 -> f32 bits by shifts, one multiply by the E8M0 scale,
 // exact; the bf16 value as the product's high half). Fragments of
 // 16-row groups without a pair, and column fragments past n, are skipped (warp-uniform tests);
