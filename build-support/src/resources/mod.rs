@@ -182,6 +182,7 @@ impl KernelResources {
     pub const METRICS: &'static [&'static str] = &[
         "regs",
         "agprs",
+        "unified_vgprs",
         "sgprs",
         "vgpr_spills",
         "sgpr_spills",
@@ -209,6 +210,7 @@ impl KernelResources {
         let v = match name {
             "regs" => u64::from(self.regs),
             "agprs" => u64::from(self.agprs?),
+            "unified_vgprs" => u64::from(self.regs) + u64::from(self.agprs?),
             "sgprs" => u64::from(self.sgprs?),
             "vgpr_spills" => u64::from(self.vgpr_spills?),
             "sgpr_spills" => u64::from(self.sgpr_spills?),
@@ -297,10 +299,13 @@ mod tests {
         assert_eq!(r.metric("wide_load_share"), Some(0.8));
         assert_eq!(r.metric("flat_loads"), Some(1.0));
         assert_eq!(r.metric("agprs"), None, "not an NVIDIA figure");
+        assert_eq!(r.metric("unified_vgprs"), None, "not an NVIDIA figure");
         for m in KernelResources::METRICS {
-            assert!(r.metric(m).is_some() || ["agprs", "sgprs", "vgpr_spills", "sgpr_spills"].contains(m), "{m}");
+            assert!(r.metric(m).is_some() || ["agprs", "unified_vgprs", "sgprs", "vgpr_spills", "sgpr_spills"].contains(m), "{m}");
         }
         assert_eq!(r.metric("no_such_metric"), None);
+        let amd = KernelResources { target: "gfx942".into(), vendor: Vendor::Amd, regs: 200, agprs: Some(40), ..r };
+        assert_eq!(amd.metric("unified_vgprs"), Some(240.0));
     }
 
     #[test]

@@ -198,7 +198,7 @@ K3_AMD_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& 
   for (int s0 = r.kv_start; s0 < kv_hi; s0 += kTile) {
     const int n = kv_hi - s0 < kTile ? kv_hi - s0 : kTile;
     k3::sync_threads();  // the previous tile is consumed
-    load_tile<false>(c, s0, n, kTile, width, c.latent, raw, mult);
+    load_tile(c, s0, n, kTile, width, c.latent, raw, mult);
     k3::sync_threads();
     // QK^T: lane-partial dots of every row with every token, then the reduce-scatter.
     float part[kRowsPerWarp][kTile];

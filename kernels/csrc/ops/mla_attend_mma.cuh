@@ -11,11 +11,12 @@
 //   hardware converts, the tile scales read from the staged row). Per tile: one barrier for
 //   "previous tile consumed" (then the next copies are issued), a wait for this tile's group,
 //   one barrier for "tile visible".
-// - Staging (`*_mma` at warp 64, AMD, whose copies are synchronous: load_tile's 16-byte path;
+// - Staging (`*_mma` at warp 64, AMD, whose copies are synchronous: the next tile's raw rows
+//   prefetched into registers under this tile's products, fetch_tile / decode_tile below;
 //   `*_mma_unaligned`: load_tile, bytewise if it must): the KV tile as raw bf16 (exact for
 //   every format, see mla_attend.cuh) in rows of `wpad` = pad16(latent) + pad16(rope) columns
 //   at pitch kv_pitch(wpad), rope from column pad16(latent), zero padding, per-(token,
-//   128-tile) multipliers for the tile-scaled format, loaded through registers.
+//   128-tile) multipliers for the tile-scaled format.
 // - QK^T: the 36 (K3) k-steps of 16 dims are dealt round-robin to the warps, each warp holding
 //   its queries' A fragments in registers for the whole item; a k-step lies in one scale tile,
 //   so tile-scaled caches scale each k-step's product per token column. Warp partials of S
@@ -143,6 +144,92 @@ K3_DEVICE void load_v_frag(k3::mma::FragB<Shape>& f, const KvStage& s, int col0)
   }
 }
 
+// ---- Register prefetch of the next KV tile (`*_mma` at warp 64: AMD) ----
+// There k3::AsyncCopy is a synchronous register copy (k3/async_copy.h) and one decoded bf16 tile
+// is staged (kRawStaging is off), so the tile's loads would sit in front of its products. Instead
+// the raw 16-byte units of tile i + 1 are loaded into registers right after tile i becomes
+// visible, and decoded into the staged layout (as load_tile's fast path writes it) after tile
+// i's products: the loads' latency runs under the MFMAs, and the compiler's wait for them
+// (s_waitcnt vmcnt) lands at the decode. Thread tid holds units u0 + 16 k of token tid / 16
+// (u0 = tid % 16): 16 threads per token, 256 contiguous bytes per token and slot, no division
+// and no shuffle; its row offset is one block-table read (entries bound-checked per page before
+// the first tile). kPrefetchSlots = 3 slots cover K3's fp8 rows (36 units flat, 41 tile-scaled);
+// a bf16 row (72 units) loads its units from 48 on at decode time, keeping the registers held
+// across the products at 12 VGPRs.
+constexpr int kTokenThreads = kBlock / kMmaTile;                                       // 16
+constexpr int kPrefetchSlots = 3;
+constexpr int kDecodeSlots = (kMaxRowUnits + kTokenThreads - 1) / kTokenThreads;      // 5
+static_assert(kTokenThreads * kMmaTile == kBlock, "whole tokens per thread group");
+
+struct TileUnits {
+  k3::u32x4 v[kPrefetchSlots];
+};
+
+// This thread's token row in the tile at s0 (n live tokens): the cache base itself for a dead
+// token (never read then). No null pointer: a select with one would turn the loads into
+// generic (flat_) ones on AMD, which every LDS wait (lgkmcnt) then also waits for.
+K3_DEVICE const uint8_t* tile_row(const Cache& c, int s0, bool live) {
+  const int t = static_cast<int>(k3::thread_idx_x()) / kTokenThreads;
+  return c.base + (live ? row_offset(c, s0 + t) : 0);
+}
+
+// Raw 16-byte units of the tile at s0 (n live tokens) for this thread: slot k = unit u0 + 16 k
+// of its token; zero past the row or for a dead token.
+K3_DEVICE void fetch_tile(const Cache& c, int s0, int n, int units, TileUnits& f) {
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const bool live = tid / kTokenThreads < n;
+  const uint8_t* row = tile_row(c, s0, live);
+  const int u0 = tid % kTokenThreads;
+  K3_UNROLL
+  for (int k = 0; k < kPrefetchSlots; ++k) {
+    const int u = u0 + k * kTokenThreads;
+    const k3::u32x4 zero = {{0u, 0u, 0u, 0u}};
+    f.v[k] = live && u < units ? k3::load_16b(row + 16 * u) : zero;
+  }
+}
+
+// Writes the fetched tile at s0 into `raw` (pitch kv_pitch(latent + rope), rope from column
+// latent) and `mult` as load_tile's 16-byte path would: fp8 units as 16 bf16s, bf16 units as they are, the
+// tile scales of a live token into its multipliers (1 elsewhere); dead tokens are zero rows.
+K3_DEVICE void decode_tile(const Cache& c, int s0, int n, int units, const TileUnits& f, uint16_t* raw, float* mult) {
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int t = tid / kTokenThreads, u0 = tid % kTokenThreads;
+  const bool tiled = c.kind == kFormatTiled;
+  const int fp8_units = c.kind == kFormatFlat ? units : (tiled ? c.latent / 16 : 0);
+  const int bf16_col0 = c.kind == kFormatBf16 ? 0 : c.latent;  // staged column of the first bf16 unit
+  const int bf16_unit0 = tiled ? fp8_units + 1 : fp8_units;    // its unit in the raw row
+  const bool fnuz = c.fnuz != 0;
+  const bool live = t < n;
+  uint16_t* dst = raw + t * kv_pitch(c.latent + c.rope);
+  float* m = mult + t * kMultSlots;
+  K3_UNROLL
+  for (int k = 0; k < kDecodeSlots; ++k) {
+    const int u = u0 + k * kTokenThreads;
+    if (u >= units) break;
+    k3::u32x4 v;
+    if (k < kPrefetchSlots) {
+      v = f.v[k];
+    } else {  // bf16 rows only (units > 48): the tail loads now
+      const k3::u32x4 zero = {{0u, 0u, 0u, 0u}};
+      v = live ? k3::load_16b(tile_row(c, s0, live) + 16 * u) : zero;
+    }
+    if (u < fp8_units) {
+      k3::u32x4 lo, hi;
+      fp8x8_to_bf16(v.v[0], v.v[1], fnuz, lo.v);
+      fp8x8_to_bf16(v.v[2], v.v[3], fnuz, hi.v);
+      k3::store_16b(dst + 16 * u, lo);
+      k3::store_16b(dst + 16 * u + 8, hi);
+    } else if (tiled && u == fp8_units) {  // the four tile scales (vector_path: tiles == 4)
+      K3_UNROLL
+      for (int j = 0; j < 4; ++j) m[j] = live ? k3::uint_as_float(v.v[j]) : 1.0f;
+      m[kMultSlots - 1] = 1.0f;
+    } else {
+      k3::store_16b(dst + bf16_col0 + 8 * (u - bf16_unit0), v);
+    }
+  }
+  if (!tiled && u0 < kMultSlots) m[u0] = 1.0f;
+}
+
 // cp.wait<ahead>() for a run-time `ahead` in 1 .. kMaxKvStages - 1 (the wait's count is an
 // immediate in cp.async.wait_group).
 template <class Copy>
@@ -182,6 +269,13 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   int kv_hi = r.causal ? r.first_pos + last / r.gh + 1 : r.n_keys;
   kv_hi = kv_hi < r.kv_end ? kv_hi : r.kv_end;
 
+  // The KV staging: the raw pipeline (kRaw: kVec at warp 32), the register prefetch (kPrefetch:
+  // kVec at warp 64), or load_tile (!kVec).
+  constexpr bool kRaw = kVec && kRawStaging;
+  constexpr bool kPrefetch = kVec && !kRawStaging;
+  TileUnits pre;  // kPrefetch: the next tile's raw units; the first tile's run under the query staging
+  if constexpr (kPrefetch) fetch_tile(c, r.kv_start, kv_hi - r.kv_start, raw_row_bytes(c.kind, c.latent, c.rope) / 16, pre);
+
   // This warp's query fragments: k-steps warp, warp + kWarps, ...
   k3::mma::FragA<Shape> qa[kQSteps];
   const uint16_t* qbits = static_cast<const uint16_t*>(q.q);
@@ -218,11 +312,10 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     }
   }
 
-  // The KV stages (kRaw: kVec at warp 32): raw cache rows (see mla_kv_load.cuh, "Raw staging"),
-  // tile i in stage i % n_stages (`stage`, `fill` below), the copies of tiles i + 1 .. i + ahead
-  // in flight while tile i is multiplied.
-  // Otherwise one tile staged as bf16 by load_tile, multipliers in sm.mult.
-  constexpr bool kRaw = kVec && kRawStaging;
+  // The KV stages (kRaw): raw cache rows (see mla_kv_load.cuh, "Raw staging"), tile i in stage
+  // i % n_stages (`stage`, `fill` below), the copies of tiles i + 1 .. i + ahead in flight while
+  // tile i is multiplied. Otherwise one tile staged as bf16 (decode_tile, load_tile),
+  // multipliers in sm.mult.
   const int row_bytes = raw_row_bytes(c.kind, c.latent, c.rope);
   const int rpitch = raw_pitch(row_bytes);
   KvStage st;
@@ -274,10 +367,13 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
       st.rows = stages + stage * kMmaTile * rpitch;
       stage = stage + 1 == n_stages ? 0 : stage + 1;
       fill = fill + 1 == n_stages ? 0 : fill + 1;
+    } else if constexpr (kPrefetch) {
+      decode_tile(c, s0, n, row_bytes / 16, pre, sm.raw, sm.mult);
     } else {
-      load_tile<kVec>(c, s0, n, kMmaTile, wpad, lp, sm.raw, sm.mult);
+      load_tile(c, s0, n, kMmaTile, wpad, lp, sm.raw, sm.mult);
     }
     k3::sync_threads();  // ... and everyone's
+    if constexpr (kPrefetch) fetch_tile(c, s0 + kMmaTile, kv_hi - s0 - kMmaTile, row_bytes / 16, pre);
 
     // S partials of this warp's k-steps.
     K3_UNROLL

@@ -14,6 +14,14 @@
 #define MLA_MAX_THREADS(n)
 #endif
 
+// The 16-byte MMA kernels on AMD: two waves per SIMD (two 256-thread blocks per CU), so the
+// register allocator keeps VGPRs + AGPRs <= 256 instead of taking the file for one wave.
+#if K3_TARGET_HIP
+#define MLA_MMA_TWO_WAVES __attribute__((amdgpu_waves_per_eu(2)))
+#else
+#define MLA_MMA_TWO_WAVES
+#endif
+
 // The MLA kernel bodies and attention cores are K3_AMD_INLINE: as calls (clang's choice) they went
 // through a scratch stack of 232-280 B per MMA kernel on gfx942/gfx950.
 

@@ -206,7 +206,7 @@ K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon(MLA_DECODE_PARAMS, int num_
   gluon_body<false, false>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_gluon);
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon_mma(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale,
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_gluon_mma(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale,
                                                          k3::ErrorRecord* err) {
   gluon_body<true, true>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
@@ -332,7 +332,7 @@ K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm(MLA_DECODE_PARAMS, const int*
   asm_body<false, false>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_asm);
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr,
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_asm_mma(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr,
                                                        float score_scale, float out_scale, k3::ErrorRecord* err) {
   asm_body<true, true>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
 }
@@ -477,7 +477,7 @@ K3_AMD_INLINE K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) 
 // `*_mma` / `*_mma_unaligned` as for the decode kernels.
 K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<false, false>(MLA_PREFILL_ABSORBED_ARGS); }
 K3_EXPORT(mla_prefill_absorbed);
-K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<true, true>(MLA_PREFILL_ABSORBED_ARGS); }
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_prefill_absorbed_mma(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<true, true>(MLA_PREFILL_ABSORBED_ARGS); }
 K3_EXPORT(mla_prefill_absorbed_mma);
 K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma_unaligned(MLA_PREFILL_ABSORBED_PARAMS) {
   prefill_absorbed_body<true, false>(MLA_PREFILL_ABSORBED_ARGS);

@@ -13,10 +13,11 @@
 // 16-byte vector loads (k3/vec.h), each lane one 16-byte unit at a time. A bf16 unit is 8 values,
 // one 16-byte shared store; an fp8 unit is 16 values dequantised in registers to bf16 by the
 // packed hardware converts of k3/convert_hw.h (exact), two 16-byte shared stores. Otherwise the
-// general path reads the row bytewise (any dims and strides; the tests cover both). The `*_mma`
-// kernels at warp 64 (AMD) instantiate load_tile<true>, which has only the fast path (the host
-// runs them only when it applies); at warp 32 they copy raw rows asynchronously instead
-// (issue_tile below). The f32-query and `*_mma_unaligned` kernels choose per launch.
+// general path reads the row bytewise (any dims and strides; the tests cover both). The f32-query
+// and `*_mma_unaligned` kernels stage through load_tile, choosing the path per launch. The
+// `*_mma` kernels (the host runs them only where the fast path applies) copy raw rows
+// asynchronously at warp 32 (issue_tile below) and prefetch them into registers at warp 64
+// (AMD: fetch_tile / decode_tile, mla_attend_mma.cuh).
 //
 // Pitch: kv_pitch rounds the row up to 8 mod 64 bf16s, so rows start 16-byte aligned and 4
 // banks apart. An mma.sync B fragment (8 token rows x 4 words) then covers the 32 banks once, an
@@ -88,22 +89,11 @@ K3_DEVICE float tile_multiplier(const Cache& c, const uint8_t* row, int slot, in
                            (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24));
 }
 
-// tile_multiplier on the fast path of a vector kernel: there, latent and the scale block
-// latent + 4 * tiles are multiples of 16, so tiles == 4 and the four scales are one 16-byte unit.
-K3_DEVICE float scale_word(const Cache& c, const uint8_t* row, int slot) {
-  if (c.kind != kFormatTiled || slot >= 4) return 1.0f;
-  const k3::u32x4 w = k3::load_16b(row + c.latent);
-  return k3::uint_as_float(slot == 0 ? w.v[0] : (slot == 1 ? w.v[1] : (slot == 2 ? w.v[2] : w.v[3])));
-}
-
 // Stages tokens s0 .. s0 + n (n <= tokens <= warp size) as rows of `row_width` raw bf16 values
 // at pitch kv_pitch(row_width), plus multipliers: latent values at columns [0, latent), rope
 // values from column `rope_col` (latent for the SIMT core, latent rounded up to 16 for the MMA
 // core); every other column up to row_width and every row past n is zero. Every thread of the
 // block calls it (warp-uniform loops: the shuffles need whole warps).
-// kVec: the caller guarantees the fast path's conditions (vector_path(c), row_width ==
-// latent + rope, rope_col == latent), so the bytewise path is not compiled in.
-template <bool kVec>
 K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_width, int rope_col, uint16_t* raw, float* mult) {
   const int lane = static_cast<int>(k3::lane_id());
   const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;
@@ -112,7 +102,7 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_widt
   const int tiles = (c.latent + kScaleTile - 1) / kScaleTile;
   const int rope_byte = c.latent + 4 * tiles;  // tiled format: first rope byte
   const int64_t my_row = lane < n ? row_offset(c, s0 + lane) : 0;
-  if (kVec || (vector_path(c) && row_width == c.latent + c.rope && rope_col == c.latent)) {
+  if (vector_path(c) && row_width == c.latent + c.rope && rope_col == c.latent) {
     // 16-byte units of a row: fp8 ones first (16 values each), then bf16 ones (8 values each).
     const int fp8_units = c.kind == kFormatFlat ? (c.latent + c.rope) / 16 : (c.kind == kFormatTiled ? c.latent / 16 : 0);
     const int bf16_units = c.kind == kFormatBf16 ? (c.latent + c.rope) / 8 : (c.kind == kFormatTiled ? c.rope / 8 : 0);
@@ -125,7 +115,7 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_widt
       const bool live = t < n;
       for (int u = lane; u < units + kMultSlots; u += k3::kWarpSize) {
         if (u >= units) {
-          mult[t * kMultSlots + u - units] = live ? (kVec ? scale_word(c, row, u - units) : tile_multiplier(c, row, u - units, tiles, true)) : 1.0f;
+          mult[t * kMultSlots + u - units] = live ? tile_multiplier(c, row, u - units, tiles, true) : 1.0f;
         } else if (u < fp8_units) {
           k3::u32x4 lo = {{0u, 0u, 0u, 0u}}, hi = {{0u, 0u, 0u, 0u}};
           if (live) {
@@ -144,18 +134,16 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_widt
     }
     return;
   }
-  if constexpr (!kVec) {
-    for (int t = warp; t < tokens; t += warps) {  // warp-uniform
-      const uint8_t* row = c.base + k3::shfl(my_row, t);
-      const bool live = t < n;
-      for (int i = lane; i < row_width + kMultSlots; i += k3::kWarpSize) {
-        if (i >= row_width) {
-          mult[t * kMultSlots + i - row_width] = live ? tile_multiplier(c, row, i - row_width, tiles, false) : 1.0f;
-          continue;
-        }
-        const int e = i < c.latent ? i : (i >= rope_col && i - rope_col < c.rope ? c.latent + i - rope_col : -1);
-        raw[t * pitch + i] = live && e >= 0 ? raw_value(c, row, e, rope_byte) : 0;
+  for (int t = warp; t < tokens; t += warps) {  // warp-uniform
+    const uint8_t* row = c.base + k3::shfl(my_row, t);
+    const bool live = t < n;
+    for (int i = lane; i < row_width + kMultSlots; i += k3::kWarpSize) {
+      if (i >= row_width) {
+        mult[t * kMultSlots + i - row_width] = live ? tile_multiplier(c, row, i - row_width, tiles, false) : 1.0f;
+        continue;
       }
+      const int e = i < c.latent ? i : (i >= rope_col && i - rope_col < c.rope ? c.latent + i - rope_col : -1);
+      raw[t * pitch + i] = live && e >= 0 ? raw_value(c, row, e, rope_byte) : 0;
     }
   }
 }
@@ -178,9 +166,9 @@ K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_widt
 // (see k3/async_copy.h): a second buffer would not overlap anything and would cost LDS (MI300X
 // holds two blocks per CU only under 32 KiB each).
 constexpr int kMaxKvStages = k3::kWarpSize == 32 ? 8 : 1;
-// With one stage nothing overlaps, so warp 64 keeps staging decoded bf16 (load_tile<true>):
-// decoding at fragment load cost gfx942 56 VGPRs (v200 -> v256, 2 -> 1 blocks per CU) and
-// gfx950 32 B of scratch in the prefill kernel.
+// With one stage warp 64 stages decoded bf16 (its overlap is the register prefetch of the next
+// tile, mla_attend_mma.cuh): decoding at fragment load cost gfx942 56 VGPRs (v200 -> v256, 2 ->
+// 1 blocks per CU) and gfx950 32 B of scratch in the prefill kernel.
 constexpr bool kRawStaging = kMaxKvStages > 1;
 
 // Bytes of one cache row as stored (the vector path's formats: latent a multiple of 16).
