@@ -84,12 +84,19 @@ fn check_schedule(plan: &MlaDecodePlan, cus: u32) -> Result<(), TestCaseError> {
     }
     prop_assert!(slot_used.iter().all(|&u| u), "every slot is used");
     let (o, l) = (plan.params.q_len * HEAD_GROUP * plan.params.cache.dims.latent, plan.params.q_len * HEAD_GROUP);
-    let schedule_ints = match plan.kernel {
-        MlaKernel::Asm => s.items.len() * 5 + s.cu_indptr.len() + s.reduce.len() * 4,
-        MlaKernel::Gluon => 0,
-    };
-    prop_assert_eq!(plan.schedule_offset(), s.num_partials * (o + l) * 4);
-    prop_assert_eq!(plan.workspace_bytes(), s.num_partials * (o + l) * 4 + schedule_ints * 4);
+    let partials = s.num_partials * (o + l) * 4;
+    prop_assert_eq!(plan.schedule_offset(), partials);
+    match plan.kernel {
+        MlaKernel::Asm => {
+            let (items, cu_indptr, reduce) = plan.schedule_arrays();
+            prop_assert_eq!((items, cu_indptr), (partials, partials + 20 * s.items.len()));
+            // The reduce map follows cu_indptr at the next 16-byte boundary.
+            let end = cu_indptr + 4 * s.cu_indptr.len();
+            prop_assert!(reduce % 16 == 0 && reduce >= end && reduce < end + 16, "reduce map at {reduce}, cu_indptr ends at {end}");
+            prop_assert_eq!(plan.workspace_bytes(), reduce + 16 * s.reduce.len());
+        }
+        MlaKernel::Gluon => prop_assert_eq!(plan.workspace_bytes(), partials),
+    }
     match plan.kernel {
         MlaKernel::Gluon => prop_assert!(s.cu_indptr.is_empty() && s.items.len() == plan.batch * plan.head_groups * s.num_splits),
         MlaKernel::Asm => {

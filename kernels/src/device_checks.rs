@@ -100,6 +100,9 @@ pub const SITES: &[CheckSite] = &[
     site(21, "kCheckMoeGemmSortedTokenIds", "moe_grouped_gemm", "sorted_token_ids", ""),
     site(22, "kCheckMoeGemmPostPadded", "moe_grouped_gemm", "num_tokens_post_padded", ""),
     site(23, "kCheckEmbeddingIds", "embedding_gather", "ids", ""),
+    site(24, "kCheckMlaDecodeCuIndptr", "mla_decode (asm schedule: cu_indptr)", "workspace", ""),
+    site(25, "kCheckMlaDecodeScheduleItems", "mla_decode (asm schedule: items)", "workspace", ""),
+    site(26, "kCheckMlaDecodeReduceMap", "mla_decode (asm schedule: reduce map)", "workspace", ""),
 ];
 
 /// A decoded `k3::ErrorRecord`.

@@ -73,12 +73,16 @@
 //!
 //! AsmStyle plans also reserve room, after the LSEs at byte [`MlaDecodePlan::schedule_offset`],
 //! for the schedule as a GPU keeps it (i32): `items` `[n_items, 5]` = (batch, head group,
-//! kv_start, kv_end, slot or -1), `cu_indptr` `[compute_units + 1]`, `reduce` `[n_reduce, 4]` =
-//! (batch, head group, first slot, count). GPU backends rebuild it there with a device kernel
-//! from `seq_lens` (AITER's `get_mla_metadata_v1`: `run` never uploads); the CPU reference
-//! executes the host copy and leaves those bytes alone. [`MlaDecode::prepare_schedule`] builds it
-//! once per decode step and [`MlaDecode::run_prepared`] reuses it in every MLA layer with the same
-//! plan and workspace (`run` builds it on every call).
+//! kv_start, kv_end, slot or -1), `cu_indptr` `[compute_units + 1]`, then, from the next 16-byte
+//! boundary (one 16-byte load per entry), `reduce` `[n_reduce, 4]` = (batch, head group, first
+//! slot, count); [`MlaDecodePlan::schedule_arrays`] gives the three offsets. GPU backends
+//! rebuild it there with a device kernel from `seq_lens` (AITER's `get_mla_metadata_v1`: `run`
+//! never uploads); the CPU reference executes the host copy and leaves those bytes alone.
+//! [`MlaDecode::prepare_schedule`] builds it once per decode step and [`MlaDecode::run_prepared`]
+//! reuses it in every MLA layer with the same plan and workspace (`run` builds it on every call).
+//! The kernels that read it check every entry against the plan's bounds (batch, head groups,
+//! the block table's keys, the partial slots), so bytes overwritten between the two calls give a
+//! typed error naming `workspace`, never an access outside the tensors.
 //!
 //! # Dtypes
 //!
@@ -386,17 +390,28 @@ impl MlaDecodePlan {
         self.schedule.num_partials.checked_mul(o + l)?.checked_mul(4)
     }
 
-    /// i32 values of the device copy of the schedule (asm only; see the module docs).
-    fn schedule_ints(&self) -> Option<usize> {
+    /// Byte offsets of the device schedule's `items`, `cu_indptr` and `reduce` arrays and its end
+    /// (asm plans; see the module docs). `reduce` starts on a 16-byte boundary.
+    fn schedule_layout_checked(&self) -> Option<[usize; 4]> {
         let s = &self.schedule;
-        match self.kernel {
-            MlaKernel::Asm => s.items.len().checked_mul(5)?.checked_add(s.cu_indptr.len())?.checked_add(s.reduce.len().checked_mul(4)?),
-            MlaKernel::Gluon => Some(0),
+        let items = self.partial_bytes_checked()?;
+        if self.kernel == MlaKernel::Gluon {
+            return Some([items; 4]);
         }
+        let cu_indptr = items.checked_add(s.items.len().checked_mul(20)?)?;
+        let reduce = cu_indptr.checked_add(s.cu_indptr.len().checked_mul(4)?)?.checked_next_multiple_of(16)?;
+        Some([items, cu_indptr, reduce, reduce.checked_add(s.reduce.len().checked_mul(16)?)?])
     }
 
     fn workspace_bytes_checked(&self) -> Option<usize> {
-        self.partial_bytes_checked()?.checked_add(self.schedule_ints()?.checked_mul(4)?)
+        self.schedule_layout_checked().map(|l| l[3])
+    }
+
+    /// Byte offsets in the workspace of the device schedule's `items`, `cu_indptr` and `reduce`
+    /// arrays (asm plans; the module docs, "Workspace").
+    pub fn schedule_arrays(&self) -> (usize, usize, usize) {
+        let [items, cu_indptr, reduce, _] = self.schedule_layout_checked().unwrap_or([usize::MAX; 4]);
+        (items, cu_indptr, reduce)
     }
 
     /// Bytes of workspace the plan needs: the partials, plus the device schedule of asm plans

@@ -85,6 +85,9 @@ enum CheckSite : int {
   kCheckMoeGemmSortedTokenIds = 21,
   kCheckMoeGemmPostPadded = 22,
   kCheckEmbeddingIds = 23,
+  kCheckMlaDecodeCuIndptr = 24,
+  kCheckMlaDecodeScheduleItems = 25,
+  kCheckMlaDecodeReduceMap = 26,
 };
 
 // Out of line on the GPUs: recording a violation (the cold path). Inlined, its atomic and stores
@@ -129,6 +132,29 @@ K3_DEVICE bool index_ok_2d(ErrorRecord* err, int site, int64_t row, int64_t col,
   if (err == nullptr) return true;
   if (value >= lo && value < hi) return true;
   record_violation(err, site, kCheckRange, row, col, value, lo, hi);
+  return false;
+}
+
+// index_ok for every column of entry `row` of a table read from device memory: lo[c] <= v[c] <
+// hi[c] for c < N; records the first column that is not. One recorder call site for the whole
+// entry (each call site is a call on AMD, where the report counts them).
+template <int N>
+K3_DEVICE bool entry_ok(ErrorRecord* err, int site, int64_t row, const int64_t (&v)[N], const int64_t (&lo)[N],
+                        const int64_t (&hi)[N]) {
+  if (err == nullptr) return true;
+  int bad = -1;
+  int64_t bv = 0, blo = 0, bhi = 0;
+  K3_UNROLL
+  for (int c = N - 1; c >= 0; --c) {  // selects, not an indexed register array
+    if (v[c] < lo[c] || v[c] >= hi[c]) {
+      bad = c;
+      bv = v[c];
+      blo = lo[c];
+      bhi = hi[c];
+    }
+  }
+  if (bad < 0) return true;
+  record_violation(err, site, kCheckRange, row, bad, bv, blo, bhi);
   return false;
 }
 

@@ -7,13 +7,15 @@
 // Workspace (floats / ints, byte offsets from the plan): partial outs [slot][q_len][16][latent],
 // partial LSEs [slot][q_len][16]; asm plans then hold the schedule the metadata kernel writes:
 // items [n_items][5] = (batch, head_group, kv_start, kv_end, slot or -1), cu_indptr [cus + 1],
-// reduce entries [n_reduce][4] = (batch, head_group, first slot, count).
+// reduce entries [n_reduce][4] = (batch, head_group, first slot, count) from a 16-byte boundary.
 //
 // Device metadata is checked (k3/checks.h) once per work item, before any thread reads the
 // cache: seq_lens[b] in [q_len, bt_cols * page_size] and the block-table entries of the item's
 // key range in [0, num_pages); a failing item is skipped whole. The asm schedule also checks that
 // the device seq_lens give the plan's counts (tokens, items, split pairs); otherwise it writes an
-// empty schedule, so no unit runs an item and the reduce merges nothing.
+// empty schedule, so no unit runs an item and the reduce refuses every (zeroed) entry. The
+// schedule itself is workspace data a prepared schedule keeps across calls: the asm kernels and
+// the reduce check each entry they read against the plan's bounds.
 #include "k3/compat.h"
 #include "mla_attend_mma.cuh"
 
@@ -151,6 +153,11 @@ K3_AMD_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& 
   q, q_dt, q_sb, q_st, q_sh, cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, \
       block_table, bt_sb, bt_sp, seq_lens, sl_s, num_pages, bt_cols, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, \
       l_st, l_sh, ws, ws_lse_off, heads, q_len
+// The asm kernels' schedule (in the workspace), its plan-time sizes, and the rest.
+#define MLA_ASM_PARAMS                                                                                   \
+  const int *items, const int *cu_indptr, int n_items, int batch, int num_partials, float score_scale, \
+      float out_scale, k3::ErrorRecord *err
+#define MLA_ASM_ARGS items, cu_indptr, n_items, batch, num_partials, score_scale, out_scale, err
 
 template <bool kMma, bool kVec>
 K3_AMD_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale, k3::ErrorRecord* err) {
@@ -175,21 +182,33 @@ K3_AMD_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float
 }
 
 // Items come from mla_decode_asm_schedule, which checked the seq_lens they were cut from (and
-// wrote an empty schedule otherwise); the block-table entries are checked here, per item.
+// wrote an empty schedule otherwise), either just before (`run`) or in an earlier call
+// (`run_prepared`), after which the caller may have overwritten the workspace: every cu_indptr
+// and item entry is checked against the plan's bounds (n_items, batch, head groups, the block
+// table's keys, the partial slots) before use, and the block-table entries per item.
 template <bool kMma, bool kVec>
-K3_AMD_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale, float out_scale,
-                        k3::ErrorRecord* err) {
+K3_AMD_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
   const int unit = static_cast<int>(k3::block_idx_x());
-  for (int w = cu_indptr[unit]; w < cu_indptr[unit + 1]; ++w) {
+  const int head_groups = (heads + mla::kRows - 1) / mla::kRows;
+  const int64_t keys = static_cast<int64_t>(bt_cols) * page_size;
+  const int64_t range[2] = {cu_indptr[unit], cu_indptr[unit + 1]};
+  const int64_t range_lo[2] = {0, 0}, range_hi[2] = {n_items + 1, n_items + 1};
+  if (!k3::entry_ok(err, k3::kCheckMlaDecodeCuIndptr, unit, range, range_lo, range_hi)) return;  // block-uniform
+  for (int w = static_cast<int>(range[0]); w < range[1]; ++w) {
     const int* it = items + 5 * static_cast<int64_t>(w);
-    const int b = it[0], g = it[1];
-    const int seq_len = seq_lens[b * sl_s];
+    const int b = it[0], g = it[1], kv_start = it[2], kv_end = it[3], slot = it[4];
+    const int64_t v[5] = {b, g, kv_start, kv_end, slot};
+    const int64_t lo[5] = {0, 0, 0, kv_start, -1};
+    const int64_t hi[5] = {batch, head_groups, keys + 1, keys + 1, num_partials};
+    if (!k3::entry_ok(err, k3::kCheckMlaDecodeScheduleItems, w, v, lo, hi)) continue;  // block-uniform
+    const int seq_len = seq_lens[b * sl_s];  // run_prepared's seq_lens are not the ones the schedule checked
+    if (!seq_len_ok(err, k3::kCheckMlaDecodeSeqLens, b, seq_len, q_len, bt_cols, page_size)) continue;  // block-uniform
     const mla::Cache c =
         make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp);
-    if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, true, it[2], it[3], num_pages)) continue;  // block-uniform
+    if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, true, kv_start, kv_end, num_pages)) continue;  // block-uniform
     const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
-    const mla::Dest d = decode_dest(b, g, it[4], q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
-    decode_item<kMma, kVec>(c, qq, heads, q_len, seq_len, g, it[2], it[3], 0, 1, score_scale, out_scale, d);
+    const mla::Dest d = decode_dest(b, g, slot, q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
+    decode_item<kMma, kVec>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, 0, 1, score_scale, out_scale, d);
   }
 }
 
@@ -254,8 +273,8 @@ K3_DEVICE int64_t floor_div(int64_t a, int64_t b) { return a / b; }  // a >= 0, 
 // Pairs cut into several items get consecutive partial slots and one reduce entry, in pair order.
 // Writes are bounded by the plan's counts. Checked: every seq_len in [min_len, max_len] (an
 // unusable one counts as 0 tokens) and the totals (tokens, items, reduce entries) equal the
-// plan's; otherwise the schedule is emptied (no unit runs an item, every reduce entry merges
-// nothing into sequence 0), so a wrong device seq_lens never drives a read past the workspace.
+// plan's; otherwise the schedule is emptied (no unit runs an item, every reduce entry is zero,
+// which the reduce refuses), so a wrong device seq_lens never drives a read past the workspace.
 K3_KERNEL void mla_decode_asm_schedule(const int* seq_lens, int64_t sl_s, int batch, int head_groups, int64_t quota,
                                        int cus, int n_items, int n_reduce, int* items, int* cu_indptr, int* reduce,
                                        int min_len, int64_t max_len, int64_t plan_tokens, k3::ErrorRecord* err) {
@@ -327,41 +346,68 @@ K3_EXPORT(mla_decode_asm_schedule);
 
 // Asm style, persistent: one block per compute unit walks its items (from the schedule in the
 // workspace), each over all of its row tiles. `*_mma` / `*_mma_unaligned` as for Gluon.
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr, float score_scale,
-                                                   float out_scale, k3::ErrorRecord* err) {
-  asm_body<false, false>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
+  asm_body<false, false>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
 }
 K3_EXPORT(mla_decode_asm);
-K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_asm_mma(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr,
-                                                       float score_scale, float out_scale, k3::ErrorRecord* err) {
-  asm_body<true, true>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_asm_mma(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
+  asm_body<true, true>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
 }
 K3_EXPORT(mla_decode_asm_mma);
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma_unaligned(MLA_DECODE_PARAMS, const int* items, const int* cu_indptr,
-                                                                 float score_scale, float out_scale, k3::ErrorRecord* err) {
-  asm_body<true, false>(MLA_DECODE_ARGS, items, cu_indptr, score_scale, out_scale, err);
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma_unaligned(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
+  asm_body<true, false>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
 }
 K3_EXPORT(mla_decode_asm_mma_unaligned);
 
+namespace {
+
+// (m, s) <- the pair for the union of (m, s) and (m2, s2): m the largest LSE, s the sum of
+// exp(lse - m) (m = -inf: nothing yet). Symmetric in its two operands, so a butterfly leaves
+// the same pair in every lane.
+K3_DEVICE void lse_fold(float& m, float& s, float m2, float s2) {
+  const float neg_inf = k3::uint_as_float(0xff800000u);
+  const float mm = k3::max_f32(m, m2);
+  if (mm == neg_inf) return;
+  s = (m == neg_inf ? 0.0f : s * k3::exp_f32(m - mm)) + (m2 == neg_inf ? 0.0f : s2 * k3::exp_f32(m2 - mm));
+  m = mm;
+}
+
+}  // namespace
+
 // Merges partial slots by LSE into out/lse, parallel over (entry, row, latent chunk): grid
 // (entries, q_len x kRows, ceil(latent / kReduceDims)), kReduceThreads threads of 4 dims each.
-// Entries come from the asm schedule (`reduce` non-null) or, for Gluon, are entry e =
-// b*head_groups + g with slots e*num_splits .. +num_splits. Row blocks past the group's heads
-// return at once. The partial outputs move in 16-byte loads when latent is a multiple of 4 (the
-// workspace is laid out by the plan: 16-byte aligned slots), else one float at a time.
-K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int* reduce, int num_splits, int heads,
-                                 int q_len, int latent, void* out, int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh,
-                                 float* lse, int64_t l_sb, int64_t l_st, int64_t l_sh) {
+// Entries come from the asm schedule's reduce map (`reduce` non-null: one 16-byte entry, checked
+// against the plan's batch, head groups and partial slots, since a prepared schedule sits in the
+// caller's workspace) or, for Gluon, are entry e = b*head_groups + g with slots
+// e*num_splits .. +num_splits. Row blocks past the group's heads return at once.
+// Each split's LSE is read once per block: the threads fold them (largest LSE and rescaled sum)
+// and publish the weights in shared memory, kReduceThreads splits at a time. The partial outputs
+// move in 16-byte loads, four splits in flight per thread, when latent is a multiple of 4 (the
+// plan lays out 16-byte aligned slots), else one float at a time.
+K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int* reduce, int num_splits, int batch, int num_partials,
+                                 int heads, int q_len, int latent, void* out, int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh,
+                                 float* lse, int64_t l_sb, int64_t l_st, int64_t l_sh, k3::ErrorRecord* err) {
+  constexpr int kThreads = mla::kReduceThreads;
+  constexpr int kWarps = kThreads / k3::kWarpSize;
+  K3_SHARED(float, weight, [kThreads]);
+  K3_SHARED(float, warp_m, [kWarps]);
+  K3_SHARED(float, warp_s, [kWarps]);
+  const int tid = static_cast<int>(k3::thread_idx_x());
   const int e = static_cast<int>(k3::block_idx_x());
   const int srow = static_cast<int>(k3::block_idx_y());  // i * kRows + k
-  const int d0 = static_cast<int>(k3::block_idx_z()) * mla::kReduceDims + 4 * static_cast<int>(k3::thread_idx_x());
+  const int d0 = static_cast<int>(k3::block_idx_z()) * mla::kReduceDims + 4 * tid;
   const int head_groups = (heads + mla::kRows - 1) / mla::kRows;
   int b, g, first, count;
   if (reduce != nullptr) {
-    b = reduce[4 * e];
-    g = reduce[4 * e + 1];
-    first = reduce[4 * e + 2];
-    count = reduce[4 * e + 3];
+    const k3::u32x4 r = k3::load_16b(reduce + 4 * static_cast<int64_t>(e));
+    b = static_cast<int>(r.v[0]);
+    g = static_cast<int>(r.v[1]);
+    first = static_cast<int>(r.v[2]);
+    count = static_cast<int>(r.v[3]);
+    const int64_t v[4] = {b, g, first, count};
+    const int64_t lo[4] = {0, 0, 0, 1};
+    const int64_t hi[4] = {batch, head_groups, num_partials, static_cast<int64_t>(num_partials) - first + 1};
+    if (!k3::entry_ok(err, k3::kCheckMlaDecodeReduceMap, e, v, lo, hi)) return;  // block-uniform
   } else {
     b = e / head_groups;
     g = e % head_groups;
@@ -375,35 +421,74 @@ K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int*
   const int64_t slot_out = static_cast<int64_t>(q_len) * mla::kRows * latent;
   const int64_t slot_lse = static_cast<int64_t>(q_len) * mla::kRows;
   const float* part_lse = ws + ws_lse_off + first * slot_lse + srow;
-  float m = neg_inf;
-  for (int p = 0; p < count; ++p) m = k3::max_f32(m, part_lse[p * slot_lse]);
-  float total = 0.0f;
-  if (m != neg_inf) {
-    for (int p = 0; p < count; ++p) total += k3::exp_f32(part_lse[p * slot_lse] - m);
+
+  // Largest LSE and sum of exp(lse - m) over the splits: per thread, then the warp, then the block.
+  float m = neg_inf, total = 0.0f, mine = neg_inf;
+  K3_NO_UNROLL
+  for (int p = tid; p < count; p += kThreads) {
+    const float x = part_lse[p * slot_lse];
+    if (p == tid) mine = x;
+    lse_fold(m, total, x, 1.0f);
   }
+  for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) {
+    const float m2 = k3::shfl_xor(m, o), s2 = k3::shfl_xor(total, o);
+    lse_fold(m, total, m2, s2);
+  }
+  if (k3::lane_id() == 0) {
+    warp_m[tid / k3::kWarpSize] = m;
+    warp_s[tid / k3::kWarpSize] = total;
+  }
+  k3::sync_threads();
+  m = neg_inf;
+  total = 0.0f;
+  for (int w = 0; w < kWarps; ++w) lse_fold(m, total, warp_m[w], warp_s[w]);  // the same order in every thread
+
   const int h = g * mla::kRows + k;
-  if (lse != nullptr && k3::thread_idx_x() == 0 && k3::block_idx_z() == 0) {
+  if (lse != nullptr && tid == 0 && k3::block_idx_z() == 0) {
     lse[b * l_sb + i * l_st + h * l_sh] = m == neg_inf ? neg_inf : m + k3::log_f32(total);
   }
-  if (d0 >= latent) return;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const float* part_out = ws + first * slot_out + static_cast<int64_t>(srow) * latent + d0;
+  const bool live = d0 < latent;
   const bool vec = (latent & 3) == 0;
-  if (m != neg_inf) {
-    for (int p = 0; p < count; ++p) {
-      const float w = k3::exp_f32(part_lse[p * slot_lse] - m) / total;
-      const float* src = part_out + p * slot_out;
-      if (vec) {
-        const k3::f32x4 v = k3::load_f32x4(src);
-        K3_UNROLL
-        for (int j = 0; j < 4; ++j) acc[j] += w * v.v[j];
-      } else {
-        for (int j = 0; j < 4 && d0 + j < latent; ++j) acc[j] += w * src[j];
+  if (m != neg_inf) {  // block-uniform
+    for (int c0 = 0; c0 < count; c0 += kThreads) {
+      if (c0 + tid < count) weight[tid] = k3::exp_f32((c0 == 0 ? mine : part_lse[(c0 + tid) * slot_lse]) - m) / total;
+      k3::sync_threads();
+      const int n = count - c0 < kThreads ? count - c0 : kThreads;
+      const float* src = ws + (first + c0) * slot_out + static_cast<int64_t>(srow) * latent + d0;
+      if (live && vec) {
+        int j = 0;
+        for (; j + 4 <= n; j += 4) {  // four 16-byte loads in flight, summed in split order
+          k3::f32x4 v[4];
+          K3_UNROLL
+          for (int u = 0; u < 4; ++u) v[u] = k3::load_f32x4(src + (j + u) * slot_out);
+          K3_UNROLL
+          for (int u = 0; u < 4; ++u) {
+            const float w = weight[j + u];
+            K3_UNROLL
+            for (int q = 0; q < 4; ++q) acc[q] += w * v[u].v[q];
+          }
+        }
+        K3_NO_UNROLL
+        for (; j < n; ++j) {
+          const k3::f32x4 v = k3::load_f32x4(src + j * slot_out);
+          const float w = weight[j];
+          K3_UNROLL
+          for (int q = 0; q < 4; ++q) acc[q] += w * v.v[q];
+        }
+      } else if (live) {
+        K3_NO_UNROLL
+        for (int j = 0; j < n; ++j) {
+          const float w = weight[j];
+          for (int q = 0; q < 4 && d0 + q < latent; ++q) acc[q] += w * src[j * slot_out + q];
+        }
       }
+      k3::sync_threads();  // the next chunk rewrites the weights
     }
   }
+  if (!live) return;
   const int64_t o = b * o_sb + i * o_st + h * o_sh + d0;
-  for (int j = 0; j < 4 && d0 + j < latent; ++j) k3::store_f32(out, out_dt, o + j, acc[j]);
+  for (int q = 0; q < 4 && d0 + q < latent; ++q) k3::store_f32(out, out_dt, o + q, acc[q]);
 }
 K3_EXPORT(mla_decode_reduce);
 

@@ -325,14 +325,6 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
     }
 }
 
-/// Byte offsets in the workspace of the asm schedule's items, cu_indptr and reduce map (the
-/// layout of the kernel-api module docs, "Workspace").
-fn asm_schedule_offsets(plan: &MlaDecodePlan) -> (usize, usize, usize) {
-    let items = plan.schedule_offset();
-    let cu_indptr = items + 20 * plan.schedule.items.len();
-    (items, cu_indptr, cu_indptr + 4 * plan.schedule.cu_indptr.len())
-}
-
 /// Whether a decode builds the asm schedule in the workspace or finds it there.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ScheduleSource {
@@ -346,7 +338,7 @@ impl<R: Runtime> GpuBackend<R> {
     fn launch_asm_schedule(&self, plan: &MlaDecodePlan, lens: &TensorRef<'_, Self>, ws: Option<&R::Buffer>, stream: &R::Stream) -> Result<()> {
         let s = &plan.schedule;
         let cus = s.cu_indptr.len().saturating_sub(1);
-        let (items, cu_indptr, reduce_map) = asm_schedule_offsets(plan);
+        let (items, cu_indptr, reduce_map) = plan.schedule_arrays();
         let mut a = KernelArgs::new();
         arg(&mut a, self.ptr(lens.buf, &lens.layout));
         arg(&mut a, lens.layout.strides[0] as i64);
@@ -396,16 +388,20 @@ impl<R: Runtime> GpuBackend<R> {
             arg(a, to_i32("params.q_len", q_len)?);
             Ok(())
         };
-        let reduce = |a: &mut KernelArgs, meta: DevicePtr, splits: i32| -> Result<()> {
-            arg(a, self.ws_ptr(ws, 0));
-            arg(a, lse_off);
-            arg(a, meta);
-            arg(a, splits);
-            arg(a, to_i32("params.heads", p.heads)?);
-            arg(a, to_i32("params.q_len", q_len)?);
-            arg(a, to_i32("params.cache.dims.latent", latent)?);
-            self.push_out(a, out.buf, &out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
-            Ok(())
+        let reduce = |meta: DevicePtr, splits: i32, entries: u32| -> Result<()> {
+            let mut a = KernelArgs::new();
+            arg(&mut a, self.ws_ptr(ws, 0));
+            arg(&mut a, lse_off);
+            arg(&mut a, meta);
+            arg(&mut a, splits);
+            arg(&mut a, to_i32("batch", plan.batch)?);
+            arg(&mut a, to_i32("partial slots", s.num_partials)?);
+            arg(&mut a, to_i32("params.heads", p.heads)?);
+            arg(&mut a, to_i32("params.q_len", q_len)?);
+            arg(&mut a, to_i32("params.cache.dims.latent", latent)?);
+            self.push_out(&mut a, out.buf, &out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
+            self.push_checks(&mut a, stream)?;
+            self.launch("mla_decode_reduce", reduce_config(entries, q_len, latent), &mut a, stream)
         };
         let core = |family: &str| self.attention_core(family, q, &p.cache, &args.kv_cache);
         let batch = to_i32("batch", plan.batch)? as u32;
@@ -422,15 +418,12 @@ impl<R: Runtime> GpuBackend<R> {
                 let grid = (batch, grid_dim("params.heads x params.q_len", plan.head_groups * q_len)?, grid_dim("params.splits", s.num_splits)?);
                 self.launch(&k.name, LaunchConfig::new(grid, BLOCK, k.shared), &mut a, stream)?;
                 if s.num_splits > 1 {
-                    let mut a = KernelArgs::new();
-                    reduce(&mut a, DevicePtr(0), s.num_splits as i32)?;
-                    let entries = to_i32("batch x head groups", plan.batch * plan.head_groups)? as u32;
-                    self.launch("mla_decode_reduce", reduce_config(entries, q_len, latent), &mut a, stream)?;
+                    reduce(DevicePtr(0), s.num_splits as i32, to_i32("batch x head groups", plan.batch * plan.head_groups)? as u32)?;
                 }
             }
             MlaKernel::Asm => {
                 let cus = s.cu_indptr.len().saturating_sub(1);
-                let (items, cu_indptr, reduce_map) = asm_schedule_offsets(plan);
+                let (items, cu_indptr, reduce_map) = plan.schedule_arrays();
                 let k = core("mla_decode_asm")?;
                 if source == ScheduleSource::Build {
                     self.launch_asm_schedule(plan, &args.seq_lens, ws, stream)?;
@@ -440,15 +433,15 @@ impl<R: Runtime> GpuBackend<R> {
                 common(&mut a, k.kv_stages)?;
                 arg(&mut a, self.ws_ptr(ws, items));
                 arg(&mut a, self.ws_ptr(ws, cu_indptr));
+                arg(&mut a, to_i32("work items", s.items.len())?);
+                arg(&mut a, to_i32("batch", plan.batch)?);
+                arg(&mut a, to_i32("partial slots", s.num_partials)?);
                 arg(&mut a, score_scale);
                 arg(&mut a, out_scale);
                 self.push_checks(&mut a, stream)?;
                 self.launch(&k.name, LaunchConfig::new(cus as u32, BLOCK, k.shared), &mut a, stream)?;
                 if !s.reduce.is_empty() {
-                    let mut a = KernelArgs::new();
-                    reduce(&mut a, self.ws_ptr(ws, reduce_map), 0)?;
-                    let entries = to_i32("reduce entries", s.reduce.len())? as u32;
-                    self.launch("mla_decode_reduce", reduce_config(entries, q_len, latent), &mut a, stream)?;
+                    reduce(self.ws_ptr(ws, reduce_map), 0, to_i32("reduce entries", s.reduce.len())? as u32)?;
                 }
             }
         }

@@ -17,7 +17,8 @@ use crate::ops::{
     MlaCacheWrite, MlaCacheWriteArgs, MlaCacheWriteBatch, MlaCacheWriteParams, MlaPrefill, MlaPrefillArgs, MlaPrefillBatch,
     MlaPrefillParams,
 };
-use crate::tensor::HostTensor;
+use crate::ops::tensor_ops::{CopyCast, CopyCastArgs, ElementwiseParams};
+use crate::tensor::{HostTensor, TensorMut};
 
 const DIMS: KvDims = KvDims { latent: 32, rope: 8 };
 const FORMATS: [KvCacheFormat; 3] =
@@ -255,6 +256,81 @@ pub fn mla_decode_generated_bad_metadata<B: Backend + MlaDecode>(b: &B) {
             assert_rejected(r, field, format!("case {case}: {variant:?} {splits:?} q_len {q_len} planned {:?} device lens {lens:?}", c.seq_lens));
             tally.cases += 1;
             case += 1;
+        }
+    }
+}
+
+/// One i32 of the workspace overwritten with the bits of `value` through `CopyCast` (an f32 copy:
+/// the values used are normal floats, so the copy keeps their bits), as another op writing into a
+/// shared workspace between `prepare_schedule` and `run_prepared` would.
+fn overwrite_i32<B: Backend + CopyCast>(b: &B, ws: &mut B::Buffer, byte_offset: usize, value: i32) -> Result<()> {
+    let x = upload_f32(b, DType::F32, &[1], &[f32::from_bits(value as u32)])?;
+    let mut layout = crate::tensor::Layout::contiguous(DType::F32, &[1]);
+    layout.offset = byte_offset / 4;
+    let plan = CopyCast::plan(b, &ElementwiseParams { shape: vec![1] })?;
+    CopyCast::run(b, &plan, CopyCastArgs { x: x.as_ref(), out: TensorMut { buf: ws, layout } }, b.default_stream())?;
+    b.synchronize(b.default_stream())
+}
+
+/// A prepared asm schedule whose workspace bytes were overwritten before `run_prepared` (a
+/// cu_indptr entry, each column of a work item, each column of a reduce entry, with a large and
+/// a negative value): GPU kernels reject it with an error naming `workspace`; a backend that
+/// keeps the schedule elsewhere (the CPU reference executes its host copy) gives the result of
+/// the intact schedule. Either way nothing outside the tensors is touched.
+pub fn mla_decode_prepared_schedule_overwritten<B: Backend + MlaDecode + CopyCast>(b: &B) {
+    let mut rng = TestRng::new(0x5203);
+    let c = PagedCase::new(&mut rng, KvCacheFormat::Fp8Tiled(Fp8Flavor::E4M3Fn), DIMS, 64, &[150, 90, 120], 1.0);
+    let p = decode_params(&c, 20, 1, MlaDecodeVariant::AsmStyle, MlaSplitPolicy::ComputeUnits(6));
+    let n = c.seq_lens.len();
+    let batch = MlaDecodeBatch { seq_lens: &c.seq_lens, block_table: &c.block_table, max_pages_per_seq: c.max_pages };
+    let plan = MlaDecode::plan(b, &p, &batch).expect("plan of a valid batch");
+    let s = &plan.schedule;
+    assert!(!s.reduce.is_empty() && s.items.len() > 1, "the case must split sequences: {s:?}");
+    let q = upload_f32(b, DType::F32, &[n, 1, p.heads, c.dims.width()], &rng.normals(n * p.heads * c.dims.width(), 1.0)).expect("q");
+    let t = HostTensor::from_bytes(DType::U8, &[c.num_pages, c.page_size, c.format.bytes_per_token(c.dims)], c.bytes.clone());
+    let cache = b.upload_tensor(&t.expect("cache")).expect("cache");
+    let table = upload_i32(b, &[n, c.max_pages], &c.block_table);
+    let lens = upload_i32(b, &[n], &c.seq_lens);
+    let mut ws = b.alloc_zeroed(MlaDecode::workspace_size(b, &plan)).expect("workspace");
+    let run = |ws: &mut B::Buffer, corrupt: Option<(usize, i32)>| -> (Result<()>, Vec<f32>, Vec<f32>) {
+        let mut out = b.zeros(DType::F32, &[n, 1, p.heads, c.dims.latent]).expect("out");
+        let mut lse = b.zeros(DType::F32, &[n, 1, p.heads]).expect("lse");
+        let prepared = MlaDecode::prepare_schedule(b, &plan, &lens.as_ref(), Some(&mut *ws), b.default_stream()).expect("prepare_schedule");
+        if let Some((at, v)) = corrupt {
+            overwrite_i32(b, ws, at, v).expect("overwrite");
+        }
+        let r = run_synced(b, || {
+            let args = MlaDecodeArgs {
+                q: q.as_ref(),
+                kv_cache: cache.as_ref(),
+                block_table: table.as_ref(),
+                seq_lens: lens.as_ref(),
+                out: out.as_mut(),
+                lse: Some(lse.as_mut()),
+            };
+            MlaDecode::run_prepared(b, &plan, &prepared, args, Some(&mut *ws), b.default_stream())
+        });
+        (r, download_f32(b, &out).expect("out"), download_f32(b, &lse).expect("lse"))
+    };
+    let (r, want, want_lse) = run(&mut ws, None);
+    r.expect("the intact schedule");
+    let (items, cu_indptr, reduce) = plan.schedule_arrays();
+    let mut targets = vec![("cu_indptr[1]", cu_indptr + 4)];
+    let w = s.items.len() - 1;
+    for (col, name) in ["batch", "head group", "kv_start", "kv_end", "slot"].iter().enumerate() {
+        targets.push((name, items + 20 * w + 4 * col));
+    }
+    for (col, name) in ["reduce batch", "reduce head group", "reduce first slot", "reduce count"].iter().enumerate() {
+        targets.push((name, reduce + 4 * col));
+    }
+    // 1e6 and -1.0 as f32 bits: 1232348160 and -1082130432.
+    for (what, at) in targets {
+        for v in [1e6f32.to_bits() as i32, (-1.0f32).to_bits() as i32] {
+            let (r, out, lse) = run(&mut ws, Some((at, v)));
+            let case = format!("{what} (workspace byte {at}) = {v}");
+            if !rejected_or_ok(r, "workspace", &case) {
+                assert!(out == want && lse == want_lse, "{case}: accepted, so it must give the intact schedule's result");
+            }
         }
     }
 }

@@ -194,6 +194,7 @@ macro_rules! __k3_for_each_bad_input {
             mla_decode: mla::mla_decode_device_seq_lens_beyond_plan,
             mla_decode: mla::mla_decode_device_block_table_out_of_range,
             mla_decode: mla::mla_decode_generated_bad_metadata,
+            mla_decode: mla::mla_decode_prepared_schedule_overwritten,
             mla_prefill_absorbed: mla::mla_prefill_absorbed_generated_bad_metadata,
             mla_prefill: mla::mla_prefill_device_cu_seqlens_out_of_range,
             mla_prefill: mla::mla_prefill_generated_bad_cu_seqlens,
