@@ -53,18 +53,18 @@ fn upload_cache<B: Backend>(b: &B, c: &PagedCase, as_bf16: bool) -> DeviceTensor
     b.upload_tensor(&t.expect("cache tensor")).expect("upload cache")
 }
 
-/// Everything a decode run needs, uploaded.
-struct Decode<B: Backend> {
+/// Everything a decode run needs, uploaded (the bad-input suite swaps in its own table and lens).
+pub(crate) struct Decode<B: Backend> {
     q: DeviceTensor<B>,
     cache: DeviceTensor<B>,
-    table: DeviceTensor<B>,
-    lens: DeviceTensor<B>,
-    out: DeviceTensor<B>,
-    lse: DeviceTensor<B>,
+    pub(crate) table: DeviceTensor<B>,
+    pub(crate) lens: DeviceTensor<B>,
+    pub(crate) out: DeviceTensor<B>,
+    pub(crate) lse: DeviceTensor<B>,
 }
 
 impl<B: Backend + MlaDecode> Decode<B> {
-    fn new(b: &B, c: &PagedCase, p: &MlaDecodeParams, q: &[f32], q_dt: DType, out_dt: DType) -> Self {
+    pub(crate) fn new(b: &B, c: &PagedCase, p: &MlaDecodeParams, q: &[f32], q_dt: DType, out_dt: DType) -> Self {
         let n = c.seq_lens.len();
         Decode {
             q: upload_f32(b, q_dt, &[n, p.q_len, p.heads, c.dims.width()], q).expect("q"),
@@ -76,7 +76,7 @@ impl<B: Backend + MlaDecode> Decode<B> {
         }
     }
 
-    fn args(&mut self) -> MlaDecodeArgs<'_, B> {
+    pub(crate) fn args(&mut self) -> MlaDecodeArgs<'_, B> {
         MlaDecodeArgs {
             q: self.q.as_ref(),
             kv_cache: self.cache.as_ref(),

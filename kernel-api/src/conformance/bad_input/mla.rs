@@ -5,12 +5,13 @@
 use super::{assert_rejected, cases, offsets, outside, rejected_or_ok, run_synced, upload_i32, upload_index, Tally};
 use crate::backend::{Backend, BackendExt, DeviceTensor};
 use crate::conformance::mla_decode::oracle::PagedCase;
+use crate::conformance::mla_decode::Decode;
 use crate::conformance::{download_f32, upload_f32, TestRng};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::kv_cache::{encode_token, Fp8Flavor, KvCacheFormat, KvDims};
 use crate::ops::mla_decode::{
-    MlaDecode, MlaDecodeArgs, MlaDecodeBatch, MlaDecodeParams, MlaDecodeVariant, MlaPagedCache, MlaPrefillAbsorbed,
+    MlaDecode, MlaDecodeBatch, MlaDecodeParams, MlaDecodeVariant, MlaPagedCache, MlaPrefillAbsorbed,
     MlaPrefillAbsorbedArgs, MlaPrefillAbsorbedBatch, MlaPrefillAbsorbedParams, MlaSplitPolicy,
 };
 use crate::ops::{
@@ -146,29 +147,14 @@ fn decode_params(c: &PagedCase, heads: usize, q_len: usize, variant: MlaDecodeVa
 /// Plans a decode of `c` as it is, runs it with the given device seq_lens and block table, and
 /// returns the outcome with the output and LSE.
 fn decode_with<B: Backend + MlaDecode>(b: &B, c: &PagedCase, p: &MlaDecodeParams, lens: &[i32], table: &[i32]) -> (Result<()>, Vec<f32>, Vec<f32>) {
-    let n = c.seq_lens.len();
     let batch = MlaDecodeBatch { seq_lens: &c.seq_lens, block_table: &c.block_table, max_pages_per_seq: c.max_pages };
     let plan = MlaDecode::plan(b, p, &batch).expect("plan of a valid batch");
-    let q = upload_f32(b, DType::F32, &[n, p.q_len, p.heads, c.dims.width()], &vec![0.125; n * p.q_len * p.heads * c.dims.width()]).expect("q");
-    let t = HostTensor::from_bytes(DType::U8, &[c.num_pages, c.page_size, c.format.bytes_per_token(c.dims)], c.bytes.clone());
-    let cache = b.upload_tensor(&t.expect("cache")).expect("cache");
-    let table_t = upload_i32(b, &[n, c.max_pages], table);
-    let lens_t = upload_i32(b, &[n], lens);
-    let mut out = b.zeros(DType::F32, &[n, p.q_len, p.heads, c.dims.latent]).expect("out");
-    let mut lse = b.zeros(DType::F32, &[n, p.q_len, p.heads]).expect("lse");
+    let n = c.seq_lens.len();
+    let mut d = Decode::new(b, c, p, &vec![0.125; n * p.q_len * p.heads * c.dims.width()], DType::F32, DType::F32);
+    (d.table, d.lens) = (upload_i32(b, &[n, c.max_pages], table), upload_i32(b, &[n], lens));
     let mut ws = b.workspace(MlaDecode::workspace_size(b, &plan)).expect("workspace");
-    let r = run_synced(b, || {
-        let args = MlaDecodeArgs {
-            q: q.as_ref(),
-            kv_cache: cache.as_ref(),
-            block_table: table_t.as_ref(),
-            seq_lens: lens_t.as_ref(),
-            out: out.as_mut(),
-            lse: Some(lse.as_mut()),
-        };
-        MlaDecode::run(b, &plan, args, ws.as_mut(), b.default_stream())
-    });
-    (r, download_f32(b, &out).expect("out"), download_f32(b, &lse).expect("lse"))
+    let r = run_synced(b, || MlaDecode::run(b, &plan, d.args(), ws.as_mut(), b.default_stream()));
+    (r, download_f32(b, &d.out).expect("out"), download_f32(b, &d.lse).expect("lse"))
 }
 
 const VARIANTS: [(MlaDecodeVariant, MlaSplitPolicy); 3] = [
@@ -286,31 +272,16 @@ pub fn mla_decode_prepared_schedule_overwritten<B: Backend + MlaDecode + CopyCas
     let plan = MlaDecode::plan(b, &p, &batch).expect("plan of a valid batch");
     let s = &plan.schedule;
     assert!(!s.reduce.is_empty() && s.items.len() > 1, "the case must split sequences: {s:?}");
-    let q = upload_f32(b, DType::F32, &[n, 1, p.heads, c.dims.width()], &rng.normals(n * p.heads * c.dims.width(), 1.0)).expect("q");
-    let t = HostTensor::from_bytes(DType::U8, &[c.num_pages, c.page_size, c.format.bytes_per_token(c.dims)], c.bytes.clone());
-    let cache = b.upload_tensor(&t.expect("cache")).expect("cache");
-    let table = upload_i32(b, &[n, c.max_pages], &c.block_table);
-    let lens = upload_i32(b, &[n], &c.seq_lens);
+    let q = rng.normals(n * p.heads * c.dims.width(), 1.0);
     let mut ws = b.alloc_zeroed(MlaDecode::workspace_size(b, &plan)).expect("workspace");
     let run = |ws: &mut B::Buffer, corrupt: Option<(usize, i32)>| -> (Result<()>, Vec<f32>, Vec<f32>) {
-        let mut out = b.zeros(DType::F32, &[n, 1, p.heads, c.dims.latent]).expect("out");
-        let mut lse = b.zeros(DType::F32, &[n, 1, p.heads]).expect("lse");
-        let prepared = MlaDecode::prepare_schedule(b, &plan, &lens.as_ref(), Some(&mut *ws), b.default_stream()).expect("prepare_schedule");
+        let mut d = Decode::new(b, &c, &p, &q, DType::F32, DType::F32);
+        let prepared = MlaDecode::prepare_schedule(b, &plan, &d.lens.as_ref(), Some(&mut *ws), b.default_stream()).expect("prepare_schedule");
         if let Some((at, v)) = corrupt {
             overwrite_i32(b, ws, at, v).expect("overwrite");
         }
-        let r = run_synced(b, || {
-            let args = MlaDecodeArgs {
-                q: q.as_ref(),
-                kv_cache: cache.as_ref(),
-                block_table: table.as_ref(),
-                seq_lens: lens.as_ref(),
-                out: out.as_mut(),
-                lse: Some(lse.as_mut()),
-            };
-            MlaDecode::run_prepared(b, &plan, &prepared, args, Some(&mut *ws), b.default_stream())
-        });
-        (r, download_f32(b, &out).expect("out"), download_f32(b, &lse).expect("lse"))
+        let r = run_synced(b, || MlaDecode::run_prepared(b, &plan, &prepared, d.args(), Some(&mut *ws), b.default_stream()));
+        (r, download_f32(b, &d.out).expect("out"), download_f32(b, &d.lse).expect("lse"))
     };
     let (r, want, want_lse) = run(&mut ws, None);
     r.expect("the intact schedule");
