@@ -375,11 +375,12 @@ K3_DEVICE void lse_fold(float& m, float& s, float m2, float s2) {
 }  // namespace
 
 // Merges partial slots by LSE into out/lse, parallel over (entry, row, latent chunk): grid
-// (entries, q_len x kRows, ceil(latent / kReduceDims)), kReduceThreads threads of 4 dims each.
+// (entries, q_len x min(heads, kRows), ceil(latent / kReduceDims)), kReduceThreads threads of 4
+// dims each.
 // Entries come from the asm schedule's reduce map (`reduce` non-null: one 16-byte entry, checked
 // against the plan's batch, head groups and partial slots, since a prepared schedule sits in the
 // caller's workspace) or, for Gluon, are entry e = b*head_groups + g with slots
-// e*num_splits .. +num_splits. Row blocks past the group's heads return at once.
+// e*num_splits .. +num_splits. Row blocks past a partial last group's heads return at once.
 // Each split's LSE is read once per block: the threads fold them (largest LSE and rescaled sum)
 // and publish the weights in shared memory, kReduceThreads splits at a time. The partial outputs
 // move in 16-byte loads, four splits in flight per thread, when latent is a multiple of 4 (the
@@ -394,7 +395,9 @@ K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int*
   K3_SHARED(float, warp_s, [kWarps]);
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int e = static_cast<int>(k3::block_idx_x());
-  const int srow = static_cast<int>(k3::block_idx_y());  // i * kRows + k
+  const int group_rows = heads < mla::kRows ? heads : mla::kRows;
+  const int i = static_cast<int>(k3::block_idx_y()) / group_rows, k = static_cast<int>(k3::block_idx_y()) % group_rows;
+  const int srow = i * mla::kRows + k;  // the row in a partial slot
   const int d0 = static_cast<int>(k3::block_idx_z()) * mla::kReduceDims + 4 * tid;
   const int head_groups = (heads + mla::kRows - 1) / mla::kRows;
   int b, g, first, count;
@@ -415,8 +418,7 @@ K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int*
     count = num_splits;
   }
   const int gh = heads - g * mla::kRows < mla::kRows ? heads - g * mla::kRows : mla::kRows;
-  const int i = srow / mla::kRows, k = srow % mla::kRows;
-  if (k >= gh) return;  // block-uniform
+  if (k >= gh) return;  // block-uniform: the last group's missing heads
   const float neg_inf = k3::uint_as_float(0xff800000u);
   const int64_t slot_out = static_cast<int64_t>(q_len) * mla::kRows * latent;
   const int64_t slot_lse = static_cast<int64_t>(q_len) * mla::kRows;

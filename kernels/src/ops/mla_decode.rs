@@ -222,11 +222,12 @@ fn scales(c: &MlaPagedCache, softmax_scale: f32) -> (f32, f32) {
     }
 }
 
-/// The reduce grid: (entries, q_len x ROWS rows, latent chunks of 4 x REDUCE_THREADS dims), so
-/// that batch 1 spreads over its heads and latent chunks instead of one block per head group.
-fn reduce_config(entries: u32, q_len: usize, latent: usize) -> LaunchConfig {
+/// The reduce grid: (entries, q_len x min(heads, ROWS) rows, latent chunks of 4 x REDUCE_THREADS
+/// dims), so that batch 1 spreads over its heads and latent chunks instead of one block per head
+/// group, and a group of fewer than ROWS heads (K3's 12 per GPU at TP8) launches no idle rows.
+fn reduce_config(entries: u32, q_len: usize, heads: usize, latent: usize) -> LaunchConfig {
     let chunks = latent.div_ceil(4 * REDUCE_THREADS as usize).max(1) as u32;
-    LaunchConfig::new((entries, (q_len * ROWS) as u32, chunks), REDUCE_THREADS, 0)
+    LaunchConfig::new((entries, (q_len * heads.min(ROWS)) as u32, chunks), REDUCE_THREADS, 0)
 }
 
 fn grid_dim(field: &str, n: usize) -> Result<u32> {
@@ -401,7 +402,7 @@ impl<R: Runtime> GpuBackend<R> {
             arg(&mut a, to_i32("params.cache.dims.latent", latent)?);
             self.push_out(&mut a, out.buf, &out.layout, args.lse.as_ref().map(|l| (&*l.buf, &l.layout)));
             self.push_checks(&mut a, stream)?;
-            self.launch("mla_decode_reduce", reduce_config(entries, q_len, latent), &mut a, stream)
+            self.launch("mla_decode_reduce", reduce_config(entries, q_len, p.heads, latent), &mut a, stream)
         };
         let core = |family: &str| self.attention_core(family, q, &p.cache, &args.kv_cache);
         let batch = to_i32("batch", plan.batch)? as u32;
