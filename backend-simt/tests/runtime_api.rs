@@ -119,3 +119,35 @@ fn vector_loads_and_stores() {
         assert_eq!(back, src);
     }
 }
+
+/// The typed 4-element store (`k3::store_f32x4(base, dtype, i, x)`, one 16 / 8 / 4-byte store)
+/// writes the bytes four `store_f32` calls write, for every float output dtype: rounding ties,
+/// subnormals, values past each format's range, signed zeros, infinities.
+#[test]
+fn typed_vector_store_matches_scalar_stores() {
+    let mut x: Vec<f32> = vec![0.0, -0.0, 1.0, -1.5, f32::INFINITY, f32::NEG_INFINITY, 65520.0, 1.0e9, 448.0, 464.0, -57344.0, 1.0e-7];
+    // bf16 ties (exact halfway between two bf16 values, even and odd), f16 / fp8 subnormals.
+    x.extend([f32::from_bits(0x3f80_8000), f32::from_bits(0x3f81_8000), 6.0e-8, 2.0f32.powi(-9), 2.0f32.powi(-17), -3.0e-5]);
+    x.extend((0..42).map(|i| (i as f32 - 20.0) * 0.37 + (i as f32).sin() * 1.0e-3));
+    assert_eq!(x.len() % 4, 0);
+    let quads = x.len() / 4;
+    for warp in WARPS {
+        let b = k3_backend_simt::simt_backend(warp).unwrap();
+        let d = b.upload_tensor(&HostTensor::from_f32(DType::F32, &[x.len()], &x).unwrap()).unwrap();
+        for dt in [DType::F32, DType::F16, DType::BF16, DType::F8E4M3Fn, DType::F8E4M3Fnuz, DType::F8E5M2] {
+            let bytes = x.len() * dt.size_bytes();
+            let (out4, out1) = (b.alloc_zeroed(bytes).unwrap(), b.alloc_zeroed(bytes).unwrap());
+            let mut a = KernelArgs::new();
+            a.push(d.buf.device_ptr()).push(out4.device_ptr()).push(out1.device_ptr());
+            a.push(k3_kernels::dtype_code(dt)).push(quads as i32);
+            // SAFETY: vec_store_typed(x, out4, out1, dtype, quads) reads 4 * quads floats and writes
+            // 4 * quads elements of dtype to each output, all within the buffers.
+            unsafe { b.runtime().launch_args("vec_store_typed", &LaunchConfig::new(2, 8, 0), &mut a) }.unwrap();
+            let (mut v4, mut v1) = (vec![0u8; bytes], vec![0u8; bytes]);
+            b.download(&out4, &mut v4).unwrap();
+            b.download(&out1, &mut v1).unwrap();
+            assert_eq!(v4, v1, "warp {warp}, {dt:?}");
+            assert!(v1.iter().any(|&c| c != 0), "warp {warp}, {dt:?}: nothing stored");
+        }
+    }
+}

@@ -339,9 +339,13 @@ pub fn moe_gemm_bf16_matches_dense_reference<B: Backend + MoeAlign + MoeGroupedG
         // Decode-sized: 1 pair, gate/up over k = 224 (3 steps of 64 and a 32-wide tail), which
         // the GPU backends split over k on any device with 2+ compute units.
         Cfg { act_dt: DType::BF16, ..cfg(1, 224, 64, 8, 1, 16) },
-        // The same with 30 gate/up columns: the split reduce's column-at-a-time path (n not a
-        // multiple of 4) and a last group of 2 columns.
+        // The same with 30 gate/up columns: n not a multiple of 4 (the partial rows' pad columns)
+        // and a last group of 2 columns, stored one at a time.
         Cfg { act_dt: DType::BF16, ..cfg(1, 224, 30, 8, 1, 16) },
+        // Gate/up over k = 320 (5 steps): an odd split count (5 splits on the stand-ins' cards
+        // and 2 simt32 workers, 3 at simt64), bf16 act and outputs (the reduce's one 8-byte store
+        // per 4 columns).
+        Cfg { act_dt: DType::BF16, out_dt: DType::BF16, ..cfg(1, 320, 36, 8, 1, 16) },
         // Expert maps on every GPU kernel: the pairs of other ranks' experts are listed after the
         // runs and their rows zeroed by the 16-row MMA kernels (split over k or not, as the
         // device's units decide; the MXFP4 twin below splits on 2+ units), by the 64-row MMA

@@ -384,7 +384,8 @@ K3_DEVICE void lse_fold(float& m, float& s, float m2, float s2) {
 // Each split's LSE is read once per block: the threads fold them (largest LSE and rescaled sum)
 // and publish the weights in shared memory, kReduceThreads splits at a time. The partial outputs
 // move in 16-byte loads, four splits in flight per thread, when latent is a multiple of 4 (the
-// plan lays out 16-byte aligned slots), else one float at a time.
+// plan lays out 16-byte aligned slots), else one float at a time; a thread's 4 outputs go out in
+// one store when the output rows allow it.
 K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int* reduce, int num_splits, int batch, int num_partials,
                                  int heads, int q_len, int latent, void* out, int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh,
                                  float* lse, int64_t l_sb, int64_t l_st, int64_t l_sh, k3::ErrorRecord* err) {
@@ -437,8 +438,8 @@ K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int*
     lse_fold(m, total, m2, s2);
   }
   if (k3::lane_id() == 0) {
-    warp_m[tid / k3::kWarpSize] = m;
-    warp_s[tid / k3::kWarpSize] = total;
+    warp_m[k3::warp_id()] = m;
+    warp_s[k3::warp_id()] = total;
   }
   k3::sync_threads();
   m = neg_inf;
@@ -490,7 +491,11 @@ K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int*
   }
   if (!live) return;
   const int64_t o = b * o_sb + i * o_st + h * o_sh + d0;
-  for (int q = 0; q < 4 && d0 + q < latent; ++q) k3::store_f32(out, out_dt, o + q, acc[q]);
+  if (d0 + 4 <= latent && (o_sb | o_st | o_sh) % 4 == 0 && k3::aligned16(out)) {
+    k3::store_f32x4(out, out_dt, o, k3::f32x4{{acc[0], acc[1], acc[2], acc[3]}});  // one 16 / 8-byte store
+  } else {
+    for (int q = 0; q < 4 && d0 + q < latent; ++q) k3::store_f32(out, out_dt, o + q, acc[q]);
+  }
 }
 K3_EXPORT(mla_decode_reduce);
 

@@ -20,8 +20,8 @@
 //
 // Split over k (decode sizes, block_m <= 16: moe_gemm_grouped_m16_splitk_mma): grid.y runs over
 // (split, column tile), split z multiplies k in [z * k_chunk, min(k, (z + 1) * k_chunk)) and
-// writes its raw f32 accumulators (gate at column j, up at n + j) to the workspace rows of its
-// pairs; moe_gemm_splitk_reduce then sums the splits in ascending order (a fixed order: the
+// writes its raw f32 accumulators (gate at column j, up at pitch + j, the pitch n rounded up to 4:
+// moe_partial_pitch) to the workspace rows of its pairs; moe_gemm_splitk_reduce then sums the splits in ascending order (a fixed order: the
 // result is deterministic, no atomics) and applies the epilogue (it also zeroes the unserved
 // rows; the split GEMM's blocks without an expert only exit).
 //
@@ -173,6 +173,12 @@ K3_DEVICE void moe_zero_unserved_rows(const int* sorted, int64_t sorted_s0, int 
     for (int c = j; c < j_end; c += j_step) k3::store_f32(out, out_dt, p * out_s0 + c * out_s1, 0.0f);
   }
 }
+
+// Floats per half of a split-k partial row: n rounded up to 4, so every split's gate and up
+// halves of every pair start on a 16-byte boundary (the workspace is 256-byte aligned) and the
+// reduce reads 4 columns in one load for any n; the pad columns are never written nor stored.
+// The launcher sizes the workspace with the same rounding (kernels/src/ops/moe_gemm.rs).
+K3_DEVICE int64_t moe_partial_pitch(int n) { return (static_cast<int64_t>(n) + 3) & ~static_cast<int64_t>(3); }
 
 // moe_zero_unserved_rows over the block's column tile [n0, min(n0 + kMoeBN, n)).
 K3_DEVICE void moe_zero_unserved_tile(const int* sorted, int64_t sorted_s0, int blk, int block_m, int pairs,
@@ -738,7 +744,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
 
     // Epilogue from the fragments: the gate and up accumulators of a slot share (row, col).
     // Split over k: the raw accumulators go to this split's partial rows (gate at col, up at
-    // n + col), and moe_gemm_splitk_reduce sums the splits in order and applies the epilogue.
+    // pitch + col), and moe_gemm_splitk_reduce sums the splits in order and applies the epilogue.
     K3_UNROLL
     for (int i = 0; i < kFragsM; ++i) {
       if (!row_live[i]) continue;
@@ -752,9 +758,10 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
           const int col = n0 + wn + j * S::N + rc.col;
           if (p < 0 || col >= n) continue;
           if constexpr (kSplit) {
-            float* dst = partial + static_cast<int64_t>(p) * (kGateUp ? 2 * n : n) + col;
+            const int64_t pitch = moe_partial_pitch(n);
+            float* dst = partial + p * (kGateUp ? 2 * pitch : pitch) + col;
             dst[0] = acc_g[i][j].x[s];
-            if constexpr (kGateUp) dst[n] = acc_u[i][j].x[s];
+            if constexpr (kGateUp) dst[pitch] = acc_u[i][j].x[s];
             continue;
           }
           float v;
@@ -808,7 +815,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
     n0 = (static_cast<int>(k3::block_idx_y()) % tiles) * kMoeBN;
     k_begin = split * k_chunk;
     k_end = k - k_begin < k_chunk ? k : k_begin + k_chunk;
-    part = partial + static_cast<int64_t>(split) * pairs * (gate_up ? 2 * n : n);
+    part = partial + static_cast<int64_t>(split) * pairs * (gate_up ? 2 : 1) * moe_partial_pitch(n);
   } else {
     (void)k_chunk, (void)partial;
   }
@@ -899,10 +906,10 @@ K3_EXPORT(moe_gemm_grouped_m16_splitk_mma);
 // GEMM) and output column, the splits' raw accumulators summed in ascending split order (fixed:
 // the result is deterministic), then the GEMM's epilogue and one rounding; the rows of an
 // M-block without an expert are written as zeros (moe_zero_unserved_rows). Grid: (M-blocks,
-// column tiles of 4 x the block's threads); each thread owns 4 adjacent columns and reads every
-// split's 4 partials (and the up half's) in one 16-byte load when n is a multiple of 4 and the
-// workspace 16-B aligned (uniform: decided from the arguments), else one column at a time. The
-// per-column order is the same on both paths, so they give the same bits.
+// column tiles of 4 x the block's threads); each thread owns 4 adjacent columns and reads each
+// split's 4 gate partials (and 4 up partials) in one 16-byte load (moe_partial_pitch) for any
+// n (no column-at-a-time path). The 4 results go out in one store when the output
+// rows are contiguous and aligned (decided from the arguments: uniform), else one at a time.
 K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const int* sorted, int64_t sorted_s0,
                                       const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
                                       const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out,
@@ -918,34 +925,32 @@ K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const in
     moe_zero_unserved_rows(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1, j0, j0 + cols, 1, err);
     return;
   }
-  const bool vec = n % 4 == 0 && k3::aligned16(partial);
-  const int64_t width = gate_up ? 2 * static_cast<int64_t>(n) : n;
+  const int64_t pitch = moe_partial_pitch(n);
+  const int64_t width = gate_up ? 2 * pitch : pitch;
   const int64_t split_stride = static_cast<int64_t>(pairs) * width;
+  const bool vec_out = cols == 4 && out_s1 == 1 && out_s0 % 4 == 0 && k3::aligned16(out);
   for (int r = 0; r < block_m; ++r) {
     const int p = moe_row_pair(sorted, sorted_s0, blk, block_m, r, pairs, err);
     if (p < 0) continue;
     const float* src = partial + p * width + j0;
-    float g[4] = {0.0f, 0.0f, 0.0f, 0.0f}, u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    k3::f32x4 g = {{0.0f, 0.0f, 0.0f, 0.0f}}, u = {{0.0f, 0.0f, 0.0f, 0.0f}};
     for (int z = 0; z < splits; ++z) {
-      const float* sz = src + z * split_stride;
-      if (vec) {
-        const k3::f32x4 gv = k3::load_f32x4(sz);
-        for (int c = 0; c < 4; ++c) g[c] += gv.v[c];
-        if (gate_up) {
-          const k3::f32x4 uv = k3::load_f32x4(sz + n);
-          for (int c = 0; c < 4; ++c) u[c] += uv.v[c];
-        }
-      } else {
-        for (int c = 0; c < cols; ++c) {
-          g[c] += sz[c];
-          if (gate_up) u[c] += sz[n + c];
-        }
+      const k3::f32x4 gv = k3::load_f32x4(src + z * split_stride);
+      const k3::f32x4 uv = gate_up ? k3::load_f32x4(src + z * split_stride + pitch) : gv;
+      K3_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        g.v[c] += gv.v[c];
+        if (gate_up) u.v[c] += uv.v[c];
       }
     }
     const float w = gate_up ? 0.0f : topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
-    for (int c = 0; c < cols; ++c) {
-      const float v = gate_up ? k3::situ_glu_f32(g[c], u[c], beta, linear_beta) : g[c] * w;
-      k3::store_f32(out, out_dt, p * out_s0 + (j0 + c) * out_s1, v);
+    k3::f32x4 v;
+    K3_UNROLL
+    for (int c = 0; c < 4; ++c) v.v[c] = gate_up ? k3::situ_glu_f32(g.v[c], u.v[c], beta, linear_beta) : g.v[c] * w;
+    if (vec_out) {
+      k3::store_f32x4(out, out_dt, p * out_s0 + j0, v);
+    } else {
+      for (int c = 0; c < cols; ++c) k3::store_f32(out, out_dt, p * out_s0 + (j0 + c) * out_s1, v.v[c]);
     }
   }
 }
@@ -955,8 +960,9 @@ K3_EXPORT(moe_gemm_splitk_reduce);
 // Grid: (tokens, grid-stride; tiles of 4 * blockDim columns), so a decode-sized batch still
 // spreads its columns over several blocks. When the rows of y are contiguous and 16-B aligned
 // (checked here from the arguments: uniform), each thread reads its 4 columns of every slot's row
-// in one 16-byte load; otherwise one column per thread and step. The per-column sum order is the
-// same on both paths, so they give the same bits.
+// in one 16-byte load (and stores the 4 sums in one store when the output rows are contiguous
+// and aligned); otherwise one column per thread and step. The per-column sum order is the same
+// on both paths, so they give the same bits.
 K3_KERNEL void moe_combine_sum(const float* y, int64_t y_s0, int64_t y_s1, void* out, int out_dt, int64_t out_s0,
                                int64_t out_s1, int tokens, int top_k, int hidden) {
   const int tid = static_cast<int>(k3::thread_idx_x());
@@ -964,17 +970,22 @@ K3_KERNEL void moe_combine_sum(const float* y, int64_t y_s0, int64_t y_s1, void*
   const int j0 = static_cast<int>(k3::block_idx_y()) * 4 * nthreads;
   const int j_end = j0 + 4 * nthreads < hidden ? j0 + 4 * nthreads : hidden;
   const bool vec = y_s1 == 1 && y_s0 % 4 == 0 && hidden % 4 == 0 && k3::aligned16(y);
+  const bool vec_out = vec && out_s1 == 1 && out_s0 % 4 == 0 && k3::aligned16(out);
   for (int t = static_cast<int>(k3::block_idx_x()); t < tokens; t += static_cast<int>(k3::grid_dim_x())) {
     const float* rows = y + static_cast<int64_t>(t) * top_k * y_s0;
     if (vec) {
       const int j = j0 + 4 * tid;
       if (j >= j_end) continue;
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      k3::f32x4 acc = {{0.0f, 0.0f, 0.0f, 0.0f}};
       for (int s = 0; s < top_k; ++s) {
         const k3::f32x4 v = k3::load_f32x4(rows + s * y_s0 + j);
-        for (int i = 0; i < 4; ++i) acc[i] += v.v[i];
+        for (int i = 0; i < 4; ++i) acc.v[i] += v.v[i];
       }
-      for (int i = 0; i < 4; ++i) k3::store_f32(out, out_dt, t * out_s0 + (j + i) * out_s1, acc[i]);
+      if (vec_out) {
+        k3::store_f32x4(out, out_dt, t * out_s0 + j, acc);
+      } else {
+        for (int i = 0; i < 4; ++i) k3::store_f32(out, out_dt, t * out_s0 + (j + i) * out_s1, acc.v[i]);
+      }
     } else {
       for (int j = j0 + tid; j < j_end; j += nthreads) {
         float acc = 0.0f;

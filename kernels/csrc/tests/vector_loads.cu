@@ -1,5 +1,5 @@
-// 16-byte vector loads/stores: out = 2 * x over n floats with a vector body and scalar tail, and a
-// raw 16-byte copy of bytes.
+// 16-byte vector loads/stores: out = 2 * x over n floats with a vector body and scalar tail, a
+// raw 16-byte copy of bytes and the typed 4-element store.
 #include "k3/compat.h"
 
 K3_KERNEL void vec_scale2(const float* x, float* out, int n) {
@@ -20,3 +20,14 @@ K3_KERNEL void vec_copy16(const unsigned char* src, unsigned char* dst, int chun
   if (tid < chunks) k3::store_16b(dst + 16 * tid, k3::load_16b(src + 16 * tid));
 }
 K3_EXPORT(vec_copy16);
+
+// out4 <- x through store_f32x4 (4 elements of `dtype` per store), out1 <- x one store_f32 at a
+// time: the two must hold the same bytes for every float dtype.
+K3_KERNEL void vec_store_typed(const float* x, void* out4, void* out1, int dtype, int quads) {
+  const int q = static_cast<int>(k3::block_idx_x() * k3::block_dim_x() + k3::thread_idx_x());
+  if (q >= quads) return;
+  const k3::f32x4 v = k3::load_f32x4(x + 4 * q);
+  k3::store_f32x4(out4, dtype, 4 * static_cast<int64_t>(q), v);
+  for (int c = 0; c < 4; ++c) k3::store_f32(out1, dtype, 4 * static_cast<int64_t>(q) + c, v.v[c]);
+}
+K3_EXPORT(vec_store_typed);

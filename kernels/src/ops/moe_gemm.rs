@@ -13,14 +13,15 @@
 //! bf16. Both kernels take the same arguments and use the same tiles and epilogues.
 //!
 //! The MMA kernels' k loop is a multi-stage pipeline of 64-k steps (see csrc/ops/moe_gemm.cu):
-//! MXFP4 weights stay raw in a 3-step ring and are decoded at MMA-fragment load, bf16 weights
-//! take a 2-step ring, both filled by cp.async on NVIDIA (and by deferred copies in the SIMT
+//! MXFP4 weights stay raw in a 4-step ring (3 on AMD) and are decoded at MMA-fragment load, bf16
+//! weights take a 2-step ring, both filled by cp.async on NVIDIA (and by deferred copies in the SIMT
 //! emulator, where a missing wait reads stale data); on AMD the weights go through registers
 //! (MXFP4 two steps ahead, bf16 one: no per-lane asynchronous LDS copy there, k3/async_copy.h).
 //!
 //! Split-k ([`split_k`]): when the served M-blocks x column tiles would leave the card idle
 //! (decode, `block_m` <= 16), `moe_gemm_grouped_m16_splitk_mma` runs on a grid of (M-blocks,
-//! k splits x column tiles), each split writing its raw f32 accumulators to the workspace, and
+//! k splits x column tiles), each split writing its raw f32 accumulators to the workspace (each
+//! half row n rounded up to 4 floats, so the reduce moves them in 16-byte loads for any n), and
 //! `moe_gemm_splitk_reduce` sums them in ascending split order (deterministic: no atomics) and
 //! applies the epilogue.
 
@@ -82,6 +83,17 @@ fn split_k(plan: &MoeGemmPlan, info: &DeviceInfo) -> (usize, usize) {
     (steps.div_ceil(chunk), chunk * STEP_K)
 }
 
+/// Floats per pair in one split's partial sums: the gate half and, for GateUp, the up half, each
+/// n rounded up to 4 so every half starts on a 16-byte boundary (`moe_partial_pitch` in
+/// moe_gemm.cu, which both the split GEMM and the reduce use).
+fn partial_row_floats(plan: &MoeGemmPlan) -> usize {
+    let halves = match plan.params.stage {
+        MoeGemmStage::GateUp { .. } => 2,
+        MoeGemmStage::Down => 1,
+    };
+    plan.params.n.div_ceil(4).saturating_mul(4 * halves)
+}
+
 /// Whether the product's operands are all exact in bf16, so the MMA kernel computes the spec's
 /// products exactly (see the module docs).
 fn uses_mma(p: &MoeGemmParams, input: DType, weight: DType) -> bool {
@@ -141,7 +153,8 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         Ok(())
     }
 
-    /// The split-k partial sums (f32 raw accumulators, `splits x pairs x rows`) when the plan
+    /// The split-k partial sums (f32 raw accumulators, `splits x pairs x row`, a row one half
+    /// per weight-row group, each n rounded up to 4 floats: [`partial_row_floats`]) when the plan
     /// splits; sized whenever the MMA kernels could serve the plan (the input dtype and
     /// alignment are only known at `run`, which then leaves the workspace unused).
     fn workspace_size(&self, plan: &MoeGemmPlan) -> usize {
@@ -149,7 +162,7 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         if splits <= 1 {
             return 0;
         }
-        splits.saturating_mul(plan.pairs).saturating_mul(plan.weight_rows).saturating_mul(4)
+        splits.saturating_mul(plan.pairs).saturating_mul(partial_row_floats(plan)).saturating_mul(4)
     }
 
     fn run(&self, plan: &MoeGemmPlan, args: MoeGemmArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<()> {
@@ -204,6 +217,10 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
             (true, None) => return Err(Error::invalid("workspace", "the split-k partial sums need the plan's workspace")),
             (false, _) => DevicePtr(0),
         };
+        if partial.0 % 16 != 0 {
+            // The reduce reads every half row of the partials in 16-byte loads.
+            return Err(Error::invalid("workspace", "the split-k partial sums need a 16-byte aligned buffer"));
+        }
         arg(&mut a, to_i32("params.k", k_chunk)?);
         arg(&mut a, partial);
         self.push_checks(&mut a, stream)?;
