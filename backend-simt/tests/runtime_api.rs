@@ -120,8 +120,8 @@ fn vector_loads_and_stores() {
     }
 }
 
-/// The typed 4-element store (`k3::store_f32x4(base, dtype, i, x)`, one 16 / 8 / 4-byte store)
-/// writes the bytes four `store_f32` calls write, for every float output dtype: rounding ties,
+/// The typed 4- and 2-element stores (`k3::store_f32x4(base, dtype, i, x)`, one 16 / 8 / 4-byte
+/// store; `k3::store_f32x2`, one 8 / 4 / 2-byte store) write the bytes `store_f32` writes, for every float output dtype: rounding ties,
 /// subnormals, values past each format's range, signed zeros, infinities.
 #[test]
 fn typed_vector_store_matches_scalar_stores() {
@@ -136,17 +136,23 @@ fn typed_vector_store_matches_scalar_stores() {
         let d = b.upload_tensor(&HostTensor::from_f32(DType::F32, &[x.len()], &x).unwrap()).unwrap();
         for dt in [DType::F32, DType::F16, DType::BF16, DType::F8E4M3Fn, DType::F8E4M3Fnuz, DType::F8E5M2] {
             let bytes = x.len() * dt.size_bytes();
-            let (out4, out1) = (b.alloc_zeroed(bytes).unwrap(), b.alloc_zeroed(bytes).unwrap());
+            let outs = [0; 3].map(|_| b.alloc_zeroed(bytes).unwrap());
             let mut a = KernelArgs::new();
-            a.push(d.buf.device_ptr()).push(out4.device_ptr()).push(out1.device_ptr());
+            a.push(d.buf.device_ptr());
+            for o in &outs {
+                a.push(o.device_ptr());
+            }
             a.push(k3_kernels::dtype_code(dt)).push(quads as i32);
-            // SAFETY: vec_store_typed(x, out4, out1, dtype, quads) reads 4 * quads floats and writes
-            // 4 * quads elements of dtype to each output, all within the buffers.
+            // SAFETY: vec_store_typed(x, out4, out2, out1, dtype, quads) reads 4 * quads floats and
+            // writes 4 * quads elements of dtype to each output, all within the buffers.
             unsafe { b.runtime().launch_args("vec_store_typed", &LaunchConfig::new(2, 8, 0), &mut a) }.unwrap();
-            let (mut v4, mut v1) = (vec![0u8; bytes], vec![0u8; bytes]);
-            b.download(&out4, &mut v4).unwrap();
-            b.download(&out1, &mut v1).unwrap();
-            assert_eq!(v4, v1, "warp {warp}, {dt:?}");
+            let [v4, v2, v1] = outs.map(|o| {
+                let mut v = vec![0u8; bytes];
+                b.download(&o, &mut v).unwrap();
+                v
+            });
+            assert_eq!(v4, v1, "store_f32x4, warp {warp}, {dt:?}");
+            assert_eq!(v2, v1, "store_f32x2, warp {warp}, {dt:?}");
             assert!(v1.iter().any(|&c| c != 0), "warp {warp}, {dt:?}: nothing stored");
         }
     }

@@ -62,6 +62,21 @@ K3_DEVICE RC c_coord(int slot) {
   return S::c(static_cast<int>(lane_id()), slot);
 }
 
+// Whether every lane's C slots come in pairs (2i, 2i + 1) of adjacent columns of one row, the even
+// column first (m16n8k16: yes; MFMA, whose slots run down a column: no): an epilogue may then store
+// each pair as one 2-element vector (k3::store_f32x2).
+template <class S>
+K3_HOST_DEVICE constexpr bool c_pairs_adjacent() {
+  for (int lane = 0; lane < S::kWarp; ++lane) {
+    for (int i = 0; i < S::kCSlots; i += 2) {
+      const RC a = S::c(lane, i), b = S::c(lane, i + 1);
+      if (a.col % 2 != 0 || b.row != a.row || b.col != a.col + 1) return false;
+    }
+  }
+  return true;
+}
+static_assert(c_pairs_adjacent<M16N8K16>() && !c_pairs_adjacent<M16N16K16>(), "C slot pairs as the PTX / CDNA figures give them");
+
 // A tile at `a` of a row-major matrix with leading dimension lda (elements).
 template <class S>
 K3_DEVICE void load_a(FragA<S>& f, const bf16* a, int lda) {

@@ -27,11 +27,25 @@ K3_DEVICE void store_f32x4(float* p, f32x4 x) { *reinterpret_cast<f32x4*>(p) = x
 K3_DEVICE u32x4 load_16b(const void* p) { return *static_cast<const u32x4*>(p); }
 K3_DEVICE void store_16b(void* p, u32x4 x) { *static_cast<u32x4*>(p) = x; }
 
-// Elements i..i+3 of a `dtype` tensor (contiguous), each converted as store_f32 converts it, in
-// one store of 4 x the element size (16 B f32, 8 B f16 / bf16, 4 B fp8); that many bytes of
-// alignment at element i are the caller's to guarantee (e.g. a 16-byte aligned base, i and the
-// row strides multiples of 4). bf16 rounds through pack_bf16x2_rn (the same bits as f32_to_bf16
-// for every non-NaN value).
+namespace detail {
+// The bits of one value of an fp8 dtype (kF8E4M3Fn, kF8E4M3Fnuz, kF8E5M2) as store_f32 converts it.
+// store_f32 keeps its own per-dtype cases: routing it through this helper changed what nvcc and
+// clang made of nearly every kernel (e.g. 64 B of scratch in mla_prefill on sm_100a).
+K3_DEVICE K3_AMD_INLINE uint32_t f8_bits(int dtype, float v) {
+  return dtype == kF8E4M3Fn ? f32_to_e4m3fn(v) : (dtype == kF8E4M3Fnuz ? f32_to_e4m3fnuz(v) : f32_to_e5m2(v));
+}
+
+// Two values of a 16-bit float dtype (kF16 / kBF16) packed as store_f32 would store them, element 0
+// low. bf16 rounds through pack_bf16x2_rn (the same bits as f32_to_bf16 for every non-NaN value).
+K3_DEVICE K3_AMD_INLINE uint32_t half_pair_bits(int dtype, float lo, float hi) {
+  return dtype == kBF16 ? pack_bf16x2_rn(lo, hi) : pack_halves(f32_to_f16_bits(lo), f32_to_f16_bits(hi));
+}
+}  // namespace detail
+
+// Elements i..i+3 (store_f32x4) or i, i+1 (store_f32x2) of a `dtype` tensor (contiguous), each
+// converted as store_f32 converts it, in one store of 4 (2) x the element size: 16 (8) B f32,
+// 8 (4) B f16 / bf16, 4 (2) B fp8. That many bytes of alignment at element i are the caller's to
+// guarantee (e.g. a base aligned to them, i and the row strides multiples of 4 (2)).
 K3_AMD_INLINE K3_DEVICE void store_f32x4(void* base, int dtype, int64_t i, f32x4 x) {
   switch (dtype) {
     case kF32:
@@ -40,11 +54,7 @@ K3_AMD_INLINE K3_DEVICE void store_f32x4(void* base, int dtype, int64_t i, f32x4
     case kF16:
     case kBF16: {
       u32x2 w;
-      for (int h = 0; h < 2; ++h) {
-        w.v[h] = dtype == kBF16 ? pack_bf16x2_rn(x.v[2 * h], x.v[2 * h + 1])
-                                : static_cast<uint32_t>(f32_to_f16_bits(x.v[2 * h])) |
-                                      (static_cast<uint32_t>(f32_to_f16_bits(x.v[2 * h + 1])) << 16);
-      }
+      for (int h = 0; h < 2; ++h) w.v[h] = detail::half_pair_bits(dtype, x.v[2 * h], x.v[2 * h + 1]);
       *reinterpret_cast<u32x2*>(static_cast<uint16_t*>(base) + i) = w;
       break;
     }
@@ -52,15 +62,32 @@ K3_AMD_INLINE K3_DEVICE void store_f32x4(void* base, int dtype, int64_t i, f32x4
     case kF8E4M3Fnuz:
     case kF8E5M2: {
       uint32_t w = 0;
-      for (int c = 0; c < 4; ++c) {
-        const uint8_t b = dtype == kF8E4M3Fn     ? f32_to_e4m3fn(x.v[c])
-                          : dtype == kF8E4M3Fnuz ? f32_to_e4m3fnuz(x.v[c])
-                                                 : f32_to_e5m2(x.v[c]);
-        w |= static_cast<uint32_t>(b) << (8 * c);
-      }
+      for (int c = 0; c < 4; ++c) w |= detail::f8_bits(dtype, x.v[c]) << (8 * c);
       *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(base) + i) = w;
       break;
     }
+    default:
+      break;  // launchers never pass a non-float output code
+  }
+}
+
+K3_AMD_INLINE K3_DEVICE void store_f32x2(void* base, int dtype, int64_t i, float lo, float hi) {
+  switch (dtype) {
+    case kF32: {
+      const u32x2 w = {{float_as_uint(lo), float_as_uint(hi)}};
+      *reinterpret_cast<u32x2*>(static_cast<float*>(base) + i) = w;
+      break;
+    }
+    case kF16:
+    case kBF16:
+      *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(base) + i) = detail::half_pair_bits(dtype, lo, hi);
+      break;
+    case kF8E4M3Fn:
+    case kF8E4M3Fnuz:
+    case kF8E5M2:
+      *reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(base) + i) =
+          static_cast<uint16_t>(detail::f8_bits(dtype, lo) | (detail::f8_bits(dtype, hi) << 8));
+      break;
     default:
       break;  // launchers never pass a non-float output code
   }

@@ -460,19 +460,34 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     dst.lse[dst.loff + qi * dst.lst + (dst.head_base + rho % r.gh) * dst.lsh] = l > 0.0f ? m + k3::log_f32(l) : neg_inf;
   }
   k3::sync_threads();
+  // Where the C slots pair up along a row (warp 32) and the output rows allow it (decided from
+  // the arguments: uniform), each pair of columns goes out in one 2-element store.
+  constexpr int kStep = k3::mma::c_pairs_adjacent<Shape>() ? 2 : 1;
+  const bool pair_out = kStep == 2 && (dst.off | dst.st | dst.sh | c.latent) % 2 == 0 && k3::aligned16(dst.out);
   K3_UNROLL
   for (int u = 0; u < kPvTiles; ++u) {
     const int col0 = (warp + u * kWarps) * Shape::N;
     if (col0 >= c.latent) continue;
     K3_UNROLL
-    for (int e = 0; e < Shape::kCSlots; ++e) {
+    for (int e = 0; e < Shape::kCSlots; e += kStep) {
       const k3::layout::RC rc = k3::mma::c_coord<Shape>(e);
       const int orho = r.rho0 + rc.row;
       const int d = col0 + rc.col;
       if (orho >= total_rows || d >= c.latent) continue;
       const float den = sm.l[rc.row];
-      const float v = den > 0.0f ? oacc[u].x[e] * (out_scale / den) : 0.0f;
-      k3::store_f32(dst.out, dst.out_dt, dst.off + (orho / r.gh) * dst.st + (dst.head_base + orho % r.gh) * dst.sh + d, v);
+      const float f = out_scale / den;
+      float v[kStep];
+      K3_UNROLL
+      for (int h = 0; h < kStep; ++h) v[h] = den > 0.0f ? oacc[u].x[e + h] * f : 0.0f;
+      const int64_t o = dst.off + (orho / r.gh) * dst.st + (dst.head_base + orho % r.gh) * dst.sh + d;
+      if (kStep == 2 && pair_out) {  // d even, d + 1 < latent (latent even)
+        k3::store_f32x2(dst.out, dst.out_dt, o, v[0], v[kStep - 1]);
+        continue;
+      }
+      K3_UNROLL
+      for (int h = 0; h < kStep; ++h) {
+        if (d + h < c.latent) k3::store_f32(dst.out, dst.out_dt, o + h, v[h]);
+      }
     }
   }
 }

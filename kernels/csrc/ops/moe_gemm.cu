@@ -21,9 +21,10 @@
 // Split over k (decode sizes, block_m <= 16: moe_gemm_grouped_m16_splitk_mma): grid.y runs over
 // (split, column tile), split z multiplies k in [z * k_chunk, min(k, (z + 1) * k_chunk)) and
 // writes its raw f32 accumulators (gate at column j, up at pitch + j, the pitch n rounded up to 4:
-// moe_partial_pitch) to the workspace rows of its pairs; moe_gemm_splitk_reduce then sums the splits in ascending order (a fixed order: the
-// result is deterministic, no atomics) and applies the epilogue (it also zeroes the unserved
-// rows; the split GEMM's blocks without an expert only exit).
+// moe_partial_pitch) to the workspace rows of its pairs; moe_gemm_splitk_reduce then sums the
+// splits in ascending order (a fixed order: the result is deterministic, no atomics) and applies
+// the epilogue (it also zeroes the unserved rows; the split GEMM's blocks without an expert only
+// exit).
 //
 // The align outputs are device data and are checked (k3/checks.h) where they are read: once per
 // block num_tokens_post_padded (a multiple of block_m in [0, max_padded]) and the block's expert
@@ -745,6 +746,11 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
     // Epilogue from the fragments: the gate and up accumulators of a slot share (row, col).
     // Split over k: the raw accumulators go to this split's partial rows (gate at col, up at
     // pitch + col), and moe_gemm_splitk_reduce sums the splits in order and applies the epilogue.
+    // Where the C slots pair up along a row (warp 32), two adjacent columns go into the partial
+    // rows in one 8-byte store (16-B aligned workspace, even pitch). The output path keeps one
+    // store per slot: pairing it there too grew the m16 kernel's code by half on sm_90a for
+    // stores that are a small part of its traffic.
+    constexpr int kStep = kSplit && k3::mma::c_pairs_adjacent<S>() ? 2 : 1;
     K3_UNROLL
     for (int i = 0; i < kFragsM; ++i) {
       if (!row_live[i]) continue;
@@ -752,7 +758,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       for (int j = 0; j < kFragsN; ++j) {
         if (!col_live[j]) continue;
         K3_UNROLL
-        for (int s = 0; s < S::kCSlots; ++s) {
+        for (int s = 0; s < S::kCSlots; s += kStep) {
           const RC rc = c_coord<S>(s);
           const int p = row_pair[wm + i * S::M + rc.row];
           const int col = n0 + wn + j * S::N + rc.col;
@@ -760,8 +766,13 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
           if constexpr (kSplit) {
             const int64_t pitch = moe_partial_pitch(n);
             float* dst = partial + p * (kGateUp ? 2 * pitch : pitch) + col;
-            dst[0] = acc_g[i][j].x[s];
-            if constexpr (kGateUp) dst[pitch] = acc_u[i][j].x[s];
+            if (kStep == 2 && col + 1 < n) {  // col is even
+              k3::store_f32x2(dst, k3::kF32, 0, acc_g[i][j].x[s], acc_g[i][j].x[s + kStep - 1]);
+              if constexpr (kGateUp) k3::store_f32x2(dst, k3::kF32, pitch, acc_u[i][j].x[s], acc_u[i][j].x[s + kStep - 1]);
+            } else {
+              dst[0] = acc_g[i][j].x[s];
+              if constexpr (kGateUp) dst[pitch] = acc_u[i][j].x[s];
+            }
             continue;
           }
           float v;
@@ -977,6 +988,7 @@ K3_KERNEL void moe_combine_sum(const float* y, int64_t y_s0, int64_t y_s1, void*
       const int j = j0 + 4 * tid;
       if (j >= j_end) continue;
       k3::f32x4 acc = {{0.0f, 0.0f, 0.0f, 0.0f}};
+      K3_AMD_UNROLL2
       for (int s = 0; s < top_k; ++s) {
         const k3::f32x4 v = k3::load_f32x4(rows + s * y_s0 + j);
         for (int i = 0; i < 4; ++i) acc.v[i] += v.v[i];

@@ -21,13 +21,16 @@ K3_KERNEL void vec_copy16(const unsigned char* src, unsigned char* dst, int chun
 }
 K3_EXPORT(vec_copy16);
 
-// out4 <- x through store_f32x4 (4 elements of `dtype` per store), out1 <- x one store_f32 at a
-// time: the two must hold the same bytes for every float dtype.
-K3_KERNEL void vec_store_typed(const float* x, void* out4, void* out1, int dtype, int quads) {
+// out4 <- x through store_f32x4 (4 elements of `dtype` per store), out2 through store_f32x2 (2 per
+// store), out1 one store_f32 at a time: the three must hold the same bytes for every float dtype.
+K3_KERNEL void vec_store_typed(const float* x, void* out4, void* out2, void* out1, int dtype, int quads) {
   const int q = static_cast<int>(k3::block_idx_x() * k3::block_dim_x() + k3::thread_idx_x());
   if (q >= quads) return;
   const k3::f32x4 v = k3::load_f32x4(x + 4 * q);
-  k3::store_f32x4(out4, dtype, 4 * static_cast<int64_t>(q), v);
-  for (int c = 0; c < 4; ++c) k3::store_f32(out1, dtype, 4 * static_cast<int64_t>(q) + c, v.v[c]);
+  const int64_t i = 4 * static_cast<int64_t>(q);
+  k3::store_f32x4(out4, dtype, i, v);
+  k3::store_f32x2(out2, dtype, i, v.v[0], v.v[1]);
+  k3::store_f32x2(out2, dtype, i + 2, v.v[2], v.v[3]);
+  for (int c = 0; c < 4; ++c) k3::store_f32(out1, dtype, i + c, v.v[c]);
 }
 K3_EXPORT(vec_store_typed);
