@@ -83,7 +83,10 @@ fn check_schedule(plan: &MlaDecodePlan, cus: u32) -> Result<(), TestCaseError> {
         }
     }
     prop_assert!(slot_used.iter().all(|&u| u), "every slot is used");
-    let (o, l) = (plan.params.q_len * HEAD_GROUP * plan.params.cache.dims.latent, plan.params.q_len * HEAD_GROUP);
+    // Partial rows are latent rounded up to 4 floats apart (16-byte loads in the reduce).
+    let pitch = plan.params.cache.dims.latent.div_ceil(4) * 4;
+    prop_assert_eq!(plan.partial_row_pitch(), pitch);
+    let (o, l) = (plan.params.q_len * HEAD_GROUP * pitch, plan.params.q_len * HEAD_GROUP);
     let partials = s.num_partials * (o + l) * 4;
     prop_assert_eq!(plan.schedule_offset(), partials);
     match plan.kernel {

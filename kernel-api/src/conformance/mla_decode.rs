@@ -298,17 +298,22 @@ pub fn mla_decode_every_cache_format<B: Backend + MlaDecode>(b: &B) {
 /// partials, only the merge order differs). The split plans must actually produce partials.
 pub fn mla_decode_split_equals_unsplit<B: Backend + MlaDecode>(b: &B) {
     let mut rng = TestRng::new(0x41A2);
-    for &(heads, ps, q_len, fmt) in
-        &[(12, 1, 4, KvCacheFormat::Bf16), (24, 64, 2, KvCacheFormat::Fp8Tiled(FN)), (4, 128, 1, KvCacheFormat::Fp8Flat(FNUZ))]
-    {
-        let dims = KvDims { latent: 64, rope: 16 };
+    // The last case: a latent that is no multiple of 4, so the partial rows carry pad floats
+    // (MlaDecodePlan::partial_row_pitch) and the reduce's last thread stores one of its 4 lanes.
+    for &(heads, ps, q_len, fmt, latent) in &[
+        (12, 1, 4, KvCacheFormat::Bf16, 64),
+        (24, 64, 2, KvCacheFormat::Fp8Tiled(FN), 64),
+        (4, 128, 1, KvCacheFormat::Fp8Flat(FNUZ), 64),
+        (12, 64, 2, KvCacheFormat::Bf16, 37),
+    ] {
+        let dims = KvDims { latent, rope: 16 };
         let mut seq_lens = lens(&mut rng, 3, q_len, 150);
         seq_lens[0] = q_len as i32 + 5; // short enough that 7 splits leave some empty
         seq_lens[2] = 140; // 70 splits of 2 keys each: none empty
         let c = PagedCase::new(&mut rng, fmt, dims, ps, &seq_lens, 2.0);
         let q = rng.normals(seq_lens.len() * q_len * heads * dims.width(), 1.0);
         let scale = 0.125;
-        let what = format!("{} heads {heads} page {ps} q_len {q_len}", fmt.name());
+        let what = format!("{} latent {latent} heads {heads} page {ps} q_len {q_len}", fmt.name());
         let (want, want_lse) = decode_oracle(&c, &q, q_len, heads, scale as f64);
         let gluon = |splits| params(&c, heads, q_len, scale, MlaDecodeVariant::GluonStyle, splits);
         let (base, base_lse, plan) = decode(b, &c, &gluon(MlaSplitPolicy::NumSplits(1)), &q, DType::F32, DType::F32);

@@ -208,13 +208,14 @@ fn ws_load(ws: &[u8], byte: usize, n: usize) -> Result<Vec<f32>> {
     Ok(src.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
-/// Partial slot `[q_len, HEAD_GROUP, latent]` / `[q_len, HEAD_GROUP]` <-> compact partial.
+/// Partial slot `[q_len, HEAD_GROUP, latent]` (padded rows) / `[q_len, HEAD_GROUP]` <-> compact
+/// partial.
 fn store_slot(ws: &mut [u8], plan: &MlaDecodePlan, slot: usize, part: &Partial, gh: usize) -> Result<()> {
-    let latent = plan.params.cache.dims.latent;
+    let (latent, pitch) = (plan.params.cache.dims.latent, plan.partial_row_pitch());
     for r in 0..plan.params.q_len {
         for k in 0..gh {
             let row = r * HEAD_GROUP + k;
-            ws_store(ws, plan.partial_out_offset(slot) + 4 * row * latent, &part.out[(r * gh + k) * latent..(r * gh + k + 1) * latent])?;
+            ws_store(ws, plan.partial_out_offset(slot) + 4 * row * pitch, &part.out[(r * gh + k) * latent..(r * gh + k + 1) * latent])?;
             ws_store(ws, plan.partial_lse_offset(slot) + 4 * row, &part.lse[r * gh + k..r * gh + k + 1])?;
         }
     }
@@ -222,12 +223,12 @@ fn store_slot(ws: &mut [u8], plan: &MlaDecodePlan, slot: usize, part: &Partial, 
 }
 
 fn load_slot(ws: &[u8], plan: &MlaDecodePlan, slot: usize, gh: usize) -> Result<Partial> {
-    let (latent, q_len) = (plan.params.cache.dims.latent, plan.params.q_len);
+    let (latent, pitch, q_len) = (plan.params.cache.dims.latent, plan.partial_row_pitch(), plan.params.q_len);
     let mut part = Partial { out: Vec::with_capacity(q_len * gh * latent), lse: Vec::with_capacity(q_len * gh) };
     for r in 0..q_len {
         for k in 0..gh {
             let row = r * HEAD_GROUP + k;
-            part.out.extend(ws_load(ws, plan.partial_out_offset(slot) + 4 * row * latent, latent)?);
+            part.out.extend(ws_load(ws, plan.partial_out_offset(slot) + 4 * row * pitch, latent)?);
             part.lse.extend(ws_load(ws, plan.partial_lse_offset(slot) + 4 * row, 1)?);
         }
     }

@@ -67,7 +67,7 @@
 //!
 //! Partial results of split (batch, head group) pairs live in the caller's workspace: for partial
 //! slot p, `out` f32 `[q_len, HEAD_GROUP, latent]` at byte [`MlaDecodePlan::partial_out_offset`]
-//! and `lse` f32 `[q_len, HEAD_GROUP]` at [`MlaDecodePlan::partial_lse_offset`] (all outs first,
+//! (rows [`MlaDecodePlan::partial_row_pitch`] floats apart: latent rounded up to 4) and `lse` f32 `[q_len, HEAD_GROUP]` at [`MlaDecodePlan::partial_lse_offset`] (all outs first,
 //! then all LSEs; masked head rows are unused). Items that cover a whole (batch, head group)
 //! write `out`/`lse` directly and need no slot. An unsplit Gluon plan needs no workspace.
 //!
@@ -382,7 +382,14 @@ impl MlaDecodePlan {
 
     fn slot_floats(&self) -> (usize, usize) {
         let rows = self.params.q_len * HEAD_GROUP;
-        (rows * self.params.cache.dims.latent, rows)
+        (rows * self.partial_row_pitch(), rows)
+    }
+
+    /// Floats from one row of a partial slot's `out` to the next: `latent` rounded up to a
+    /// multiple of 4, so that the reduce reads every row in 16-byte loads (the pad floats are
+    /// never written and never reach the output).
+    pub fn partial_row_pitch(&self) -> usize {
+        self.params.cache.dims.latent.next_multiple_of(4)
     }
 
     fn partial_bytes_checked(&self) -> Option<usize> {
@@ -425,7 +432,8 @@ impl MlaDecodePlan {
         self.partial_bytes_checked().unwrap_or(usize::MAX)
     }
 
-    /// Byte offset of partial slot `p`'s `out` block (f32 `[q_len, HEAD_GROUP, latent]`).
+    /// Byte offset of partial slot `p`'s `out` block (f32 `[q_len, HEAD_GROUP, latent]`, rows
+    /// [`partial_row_pitch`](Self::partial_row_pitch) floats apart).
     pub fn partial_out_offset(&self, p: usize) -> usize {
         p * self.slot_floats().0 * 4
     }

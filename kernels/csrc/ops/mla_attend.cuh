@@ -42,6 +42,10 @@ constexpr int kDup = k3::kWarpSize / kTile;  // lanes holding the same token aft
 constexpr int kReduceThreads = 64;          // mla_decode_reduce: 4 latent dims per thread
 constexpr int kReduceDims = 4 * kReduceThreads;
 
+// Floats between the rows of a partial slot's out (MlaDecodePlan::partial_row_pitch): latent
+// rounded up to 4, so the reduce reads every row in 16-byte loads for any latent.
+K3_HOST_DEVICE constexpr int partial_pitch(int latent) { return (latent + 3) & ~3; }
+
 // Dynamic shared bytes of the core for a cache row of `width` values.
 K3_HOST_DEVICE constexpr int shared_bytes(int width) {
   return 4 * kRows * kTile + 4 * kTile * kMultSlots + 2 * kTile * kv_pitch(width);

@@ -96,9 +96,10 @@ K3_DEVICE mla::Dest decode_dest(int b, int g, int slot, int q_len, int latent, v
   } else {
     d.out = ws;
     d.out_dt = k3::kF32;
-    d.off = static_cast<int64_t>(slot) * q_len * mla::kRows * latent;
-    d.st = static_cast<int64_t>(mla::kRows) * latent;
-    d.sh = latent;
+    const int pitch = mla::partial_pitch(latent);
+    d.off = static_cast<int64_t>(slot) * q_len * mla::kRows * pitch;
+    d.st = mla::kRows * pitch;
+    d.sh = pitch;
     d.lse = ws;
     d.loff = ws_lse_off + static_cast<int64_t>(slot) * q_len * mla::kRows;
     d.lst = mla::kRows;
@@ -359,21 +360,6 @@ K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma_unaligned(MLA_DECODE_PARA
 }
 K3_EXPORT(mla_decode_asm_mma_unaligned);
 
-namespace {
-
-// (m, s) <- the pair for the union of (m, s) and (m2, s2): m the largest LSE, s the sum of
-// exp(lse - m) (m = -inf: nothing yet). Symmetric in its two operands, so a butterfly leaves
-// the same pair in every lane.
-K3_DEVICE void lse_fold(float& m, float& s, float m2, float s2) {
-  const float neg_inf = k3::uint_as_float(0xff800000u);
-  const float mm = k3::max_f32(m, m2);
-  if (mm == neg_inf) return;
-  s = (m == neg_inf ? 0.0f : s * k3::exp_f32(m - mm)) + (m2 == neg_inf ? 0.0f : s2 * k3::exp_f32(m2 - mm));
-  m = mm;
-}
-
-}  // namespace
-
 // Merges partial slots by LSE into out/lse, parallel over (entry, row, latent chunk): grid
 // (entries, q_len x min(heads, kRows), ceil(latent / kReduceDims)), kReduceThreads threads of 4
 // dims each.
@@ -381,11 +367,10 @@ K3_DEVICE void lse_fold(float& m, float& s, float m2, float s2) {
 // against the plan's batch, head groups and partial slots, since a prepared schedule sits in the
 // caller's workspace) or, for Gluon, are entry e = b*head_groups + g with slots
 // e*num_splits .. +num_splits. Row blocks past a partial last group's heads return at once.
-// Each split's LSE is read once per block: the threads fold them (largest LSE and rescaled sum)
-// and publish the weights in shared memory, kReduceThreads splits at a time. The partial outputs
-// move in 16-byte loads, four splits in flight per thread, when latent is a multiple of 4 (the
-// plan lays out 16-byte aligned slots), else one float at a time; a thread's 4 outputs go out in
-// one store when the output rows allow it.
+// One pass over the splits reads each split's LSE once per block (below). The partial outputs
+// move in 16-byte loads, four splits in flight per thread, for any latent: the plan lays out
+// 16-byte aligned slots with rows padded to 4 floats (mla::partial_pitch); a thread's 4 outputs
+// go out in one store when the output rows allow it.
 K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int* reduce, int num_splits, int batch, int num_partials,
                                  int heads, int q_len, int latent, void* out, int out_dt, int64_t o_sb, int64_t o_st, int64_t o_sh,
                                  float* lse, int64_t l_sb, int64_t l_st, int64_t l_sh, k3::ErrorRecord* err) {
@@ -393,7 +378,6 @@ K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int*
   constexpr int kWarps = kThreads / k3::kWarpSize;
   K3_SHARED(float, weight, [kThreads]);
   K3_SHARED(float, warp_m, [kWarps]);
-  K3_SHARED(float, warp_s, [kWarps]);
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int e = static_cast<int>(k3::block_idx_x());
   const int group_rows = heads < mla::kRows ? heads : mla::kRows;
@@ -421,75 +405,70 @@ K3_KERNEL void mla_decode_reduce(const float* ws, int64_t ws_lse_off, const int*
   const int gh = heads - g * mla::kRows < mla::kRows ? heads - g * mla::kRows : mla::kRows;
   if (k >= gh) return;  // block-uniform: the last group's missing heads
   const float neg_inf = k3::uint_as_float(0xff800000u);
-  const int64_t slot_out = static_cast<int64_t>(q_len) * mla::kRows * latent;
+  const int64_t pitch = mla::partial_pitch(latent);
+  const int64_t slot_out = static_cast<int64_t>(q_len) * mla::kRows * pitch;
   const int64_t slot_lse = static_cast<int64_t>(q_len) * mla::kRows;
   const float* part_lse = ws + ws_lse_off + first * slot_lse + srow;
 
-  // Largest LSE and sum of exp(lse - m) over the splits: per thread, then the warp, then the block.
-  float m = neg_inf, total = 0.0f, mine = neg_inf;
-  K3_NO_UNROLL
-  for (int p = tid; p < count; p += kThreads) {
-    const float x = part_lse[p * slot_lse];
-    if (p == tid) mine = x;
-    lse_fold(m, total, x, 1.0f);
+  // One pass over the splits, kThreads at a time, each split's LSE read once: the chunk's largest
+  // LSE (warp butterfly, then the warps in the same order in every thread) raises the running
+  // max m; what was summed so far is rescaled by exp(m_old - m), and the chunk's weights
+  // exp(lse - m) go to shared memory, where every thread adds them to the running total in split
+  // order while it weighs its 16-byte loads of the partial outputs (four splits in flight).
+  float m = neg_inf, total = 0.0f;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // lanes past latent read pad floats and are never stored
+  const bool live = d0 < latent;
+  for (int c0 = 0; c0 < count; c0 += kThreads) {  // the same trip count in every thread
+    const int n = count - c0 < kThreads ? count - c0 : kThreads;
+    const float x = tid < n ? part_lse[(c0 + tid) * slot_lse] : neg_inf;
+    float cm = x;
+    for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) cm = k3::max_f32(cm, k3::shfl_xor(cm, o));
+    if (k3::lane_id() == 0) warp_m[k3::warp_id()] = cm;
+    k3::sync_threads();
+    float m_new = m;
+    for (int w = 0; w < kWarps; ++w) m_new = k3::max_f32(m_new, warp_m[w]);
+    weight[tid] = x == neg_inf ? 0.0f : k3::exp_f32(x - m_new);
+    const float rescale = m == neg_inf ? 0.0f : k3::exp_f32(m - m_new);
+    m = m_new;
+    k3::sync_threads();
+    if (live && m != neg_inf) {  // m: block-uniform
+      total *= rescale;
+      K3_UNROLL
+      for (int q = 0; q < 4; ++q) acc[q] *= rescale;
+      const float* src = ws + (first + c0) * slot_out + srow * pitch + d0;
+      int j = 0;
+      for (; j + 4 <= n; j += 4) {
+        k3::f32x4 v[4];
+        K3_UNROLL
+        for (int u = 0; u < 4; ++u) v[u] = k3::load_f32x4(src + (j + u) * slot_out);
+        K3_UNROLL
+        for (int u = 0; u < 4; ++u) {
+          const float w = weight[j + u];
+          total += w;
+          K3_UNROLL
+          for (int q = 0; q < 4; ++q) acc[q] += w * v[u].v[q];
+        }
+      }
+      K3_NO_UNROLL
+      for (; j < n; ++j) {
+        const k3::f32x4 v = k3::load_f32x4(src + j * slot_out);
+        const float w = weight[j];
+        total += w;
+        K3_UNROLL
+        for (int q = 0; q < 4; ++q) acc[q] += w * v.v[q];
+      }
+    }
+    k3::sync_threads();  // the next chunk rewrites warp_m and the weights
   }
-  for (int o = k3::kWarpSize / 2; o > 0; o >>= 1) {
-    const float m2 = k3::shfl_xor(m, o), s2 = k3::shfl_xor(total, o);
-    lse_fold(m, total, m2, s2);
-  }
-  if (k3::lane_id() == 0) {
-    warp_m[k3::warp_id()] = m;
-    warp_s[k3::warp_id()] = total;
-  }
-  k3::sync_threads();
-  m = neg_inf;
-  total = 0.0f;
-  for (int w = 0; w < kWarps; ++w) lse_fold(m, total, warp_m[w], warp_s[w]);  // the same order in every thread
-
+  // Thread 0 is live (d0 = blockIdx.z * kReduceDims < latent) and has the total.
   const int h = g * mla::kRows + k;
   if (lse != nullptr && tid == 0 && k3::block_idx_z() == 0) {
     lse[b * l_sb + i * l_st + h * l_sh] = m == neg_inf ? neg_inf : m + k3::log_f32(total);
   }
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const bool live = d0 < latent;
-  const bool vec = (latent & 3) == 0;
-  if (m != neg_inf) {  // block-uniform
-    for (int c0 = 0; c0 < count; c0 += kThreads) {
-      if (c0 + tid < count) weight[tid] = k3::exp_f32((c0 == 0 ? mine : part_lse[(c0 + tid) * slot_lse]) - m) / total;
-      k3::sync_threads();
-      const int n = count - c0 < kThreads ? count - c0 : kThreads;
-      const float* src = ws + (first + c0) * slot_out + static_cast<int64_t>(srow) * latent + d0;
-      if (live && vec) {
-        int j = 0;
-        for (; j + 4 <= n; j += 4) {  // four 16-byte loads in flight, summed in split order
-          k3::f32x4 v[4];
-          K3_UNROLL
-          for (int u = 0; u < 4; ++u) v[u] = k3::load_f32x4(src + (j + u) * slot_out);
-          K3_UNROLL
-          for (int u = 0; u < 4; ++u) {
-            const float w = weight[j + u];
-            K3_UNROLL
-            for (int q = 0; q < 4; ++q) acc[q] += w * v[u].v[q];
-          }
-        }
-        K3_NO_UNROLL
-        for (; j < n; ++j) {
-          const k3::f32x4 v = k3::load_f32x4(src + j * slot_out);
-          const float w = weight[j];
-          K3_UNROLL
-          for (int q = 0; q < 4; ++q) acc[q] += w * v.v[q];
-        }
-      } else if (live) {
-        K3_NO_UNROLL
-        for (int j = 0; j < n; ++j) {
-          const float w = weight[j];
-          for (int q = 0; q < 4 && d0 + q < latent; ++q) acc[q] += w * src[j * slot_out + q];
-        }
-      }
-      k3::sync_threads();  // the next chunk rewrites the weights
-    }
-  }
   if (!live) return;
+  const float inv = m == neg_inf ? 0.0f : 1.0f / total;  // no key in any split: zeros
+  K3_UNROLL
+  for (int q = 0; q < 4; ++q) acc[q] *= inv;
   const int64_t o = b * o_sb + i * o_st + h * o_sh + d0;
   if (d0 + 4 <= latent && (o_sb | o_st | o_sh) % 4 == 0 && k3::aligned16(out)) {
     k3::store_f32x4(out, out_dt, o, k3::f32x4{{acc[0], acc[1], acc[2], acc[3]}});  // one 16 / 8-byte store
