@@ -194,3 +194,63 @@ fn mma_shapes_exist_only_at_their_warp_size() {
     let rt64 = rt(64);
     assert!(rt64.kernel(&rt64.module(), "gemm_bf16_mma_32x32x8").is_ok());
 }
+
+/// What `ldmatrix_fragments` (kernels/csrc/tests/ldmatrix.cu) stages: a 16 x 24 tile of u16.
+const LDSM_ROWS: usize = 16;
+const LDSM_COLS: usize = 24;
+
+fn run_ldmatrix(tile: &[u16], mode: i32) -> kernel_api::Result<Vec<u32>> {
+    let rt = rt(32);
+    let tb = upload(&rt, tile);
+    let ob = alloc::<u32>(&rt, 32 * 32);
+    let mut a = KernelArgs::new();
+    a.push(tb.device_ptr()).push(ob.device_ptr()).push(mode);
+    launch(&rt, "ldmatrix_fragments", LaunchConfig::new(1, 32, 0), &mut a)?;
+    Ok(download::<u32>(&rt, &ob))
+}
+
+/// ldmatrix as the PTX ISA documents it: lane l addresses row l % 8 of matrix l / 8; lane l
+/// receives, in register i, matrix i's (row l / 4, columns 2 (l % 4), +1), or with .trans
+/// (rows 2 (l % 4), +1, column l / 4), the lower-numbered element in the low half. The *_ldsm
+/// fragment loads give the same slots as the per-slot loads (and load_a the m16n8k16 A layout).
+#[test]
+fn ldmatrix_matches_the_ptx_semantics_and_the_fragment_loads() {
+    let mut g = Lcg(0x1d5a);
+    let tile: Vec<u16> = (0..LDSM_ROWS * LDSM_COLS).map(|_| g.next_u32() as u16).collect();
+    let out = run_ldmatrix(&tile, 0).expect("launch");
+    let t = |r: usize, c: usize| tile[r * LDSM_COLS + c] as u32;
+    // Element (row j, column c) of matrix i: from the row address lane 8 i + j gave.
+    let m = |i: usize, j: usize, c: usize| {
+        let l = 8 * i + j;
+        t((5 * l + 3) % LDSM_ROWS, 8 * ((l >> 3) & 1) + c)
+    };
+    for l in 0..32 {
+        let o = &out[l * 32..l * 32 + 32];
+        let plain = |i: usize| m(i, l / 4, 2 * (l % 4)) | m(i, l / 4, 2 * (l % 4) + 1) << 16;
+        let trans = |i: usize| m(i, 2 * (l % 4), l / 4) | m(i, 2 * (l % 4) + 1, l / 4) << 16;
+        for i in 0..4 {
+            assert_eq!(o[i], plain(i), "lane {l}: x4 register {i}");
+            assert_eq!(o[4 + i], trans(i), "lane {l}: x4.trans register {i}");
+        }
+        for i in 0..2 {
+            assert_eq!(o[8 + i], plain(i), "lane {l}: x2 register {i}");
+            assert_eq!(o[10 + i], trans(i), "lane {l}: x2.trans register {i}");
+        }
+        assert_eq!((o[12], o[13]), (plain(0), trans(0)), "lane {l}: x1, x1.trans");
+        // load_a: slot s of the m16n8k16 A fragment, A = tile columns 8..23.
+        for s in 0..8 {
+            let (r, c) = mma_layout(MmaShape::M16N8K16, MmaOperand::A, l, s).expect("slot");
+            assert_eq!((o[14 + s / 2] >> (16 * (s % 2))) & 0xffff, t(r, 8 + c), "lane {l}: load_a slot {s}");
+        }
+        assert_eq!(o[18..22], o[14..18], "lane {l}: load_a_ldsm vs load_a");
+        assert_eq!(o[24..26], o[22..24], "lane {l}: load_b_ldsm vs load_b");
+        assert_eq!(o[28..30], o[26..28], "lane {l}: load_b_transposed_ldsm vs load_b_transposed");
+    }
+}
+
+#[test]
+fn ldmatrix_traps_on_a_row_off_a_16_byte_boundary() {
+    let tile = vec![0u16; LDSM_ROWS * LDSM_COLS];
+    let e = run_ldmatrix(&tile, 1).unwrap_err().to_string();
+    assert!(e.contains("16-byte boundary"), "{e}");
+}

@@ -101,6 +101,122 @@ K3_DEVICE void load_b_transposed(FragB<S>& f, const bf16* bt, int ldbt) {
     f.x[s] = bt[rc.col * ldbt + rc.row].bits;
   }
 }
+// ---- ldmatrix: 8x8 matrices of 16-bit elements from shared memory ----
+// Lane l gives the address of row l % 8 of matrix l / 8 (lanes 0..8*kCount-1; the others'
+// addresses are not read). Lane l receives in register i the 32-bit word of matrix i at row
+// l / 4, columns 2 (l % 4) and +1 (low half first): the register of an m16n8k16 fragment slot
+// pair. kTrans: the matrix is transposed on the way, register i holds (row 2 (l % 4), column
+// l / 4) in its low half and (row 2 (l % 4) + 1, column l / 4) in its high half.
+//   CUDA       ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16
+//   SIMT 32    the row addresses go through shfl and each lane reads its own halves; a row
+//              address off a 16-byte boundary traps (the GPU faults on it)
+//   HIP        none (wave64 MFMA fragments have another layout): a compile-time error
+// Every lane of the warp must call it, with rows in shared memory.
+template <int kCount, bool kTrans>
+K3_DEVICE void ldmatrix(uint32_t (&r)[kCount], const void* row) {
+  static_assert(kCount == 1 || kCount == 2 || kCount == 4, "ldmatrix loads 1, 2 or 4 matrices");
+#if K3_TARGET_CUDA
+  // The shared-window address by the intrinsic (an address-space cast the compiler folds
+  // constant offsets through), not by a cvta in asm: one base register serves every fragment.
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kCount == 4 && kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  } else if constexpr (kCount == 4) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  } else if constexpr (kCount == 2 && kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  } else if constexpr (kCount == 2) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  } else if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(a));
+  }
+#elif K3_TARGET_SIMT
+  static_assert(kCount > 0 && kWarpSize == 32, "ldmatrix is a warp-32 instruction");
+  const uint64_t mine = reinterpret_cast<uintptr_t>(row);
+  const int lane = static_cast<int>(lane_id());
+  for (int i = 0; i < kCount; ++i) {
+    // Every lane takes part in both shuffles (they are warp-wide), whichever rows it reads.
+    const uint64_t r0 = shfl_sync(kFullMask, mine, 8 * i + (kTrans ? 2 * (lane & 3) : lane >> 2));
+    const uint64_t r1 = shfl_sync(kFullMask, mine, 8 * i + (kTrans ? 2 * (lane & 3) + 1 : lane >> 2));
+    if (r0 % 16 != 0 || r1 % 16 != 0) trap("k3::mma::ldmatrix: a row address off a 16-byte boundary");
+    uint16_t lo, hi;
+    if constexpr (kTrans) {
+      memcpy(&lo, reinterpret_cast<const void*>(r0 + 2 * (lane >> 2)), 2);
+      memcpy(&hi, reinterpret_cast<const void*>(r1 + 2 * (lane >> 2)), 2);
+    } else {
+      memcpy(&lo, reinterpret_cast<const void*>(r0 + 4 * (lane & 3)), 2);
+      memcpy(&hi, reinterpret_cast<const void*>(r0 + 4 * (lane & 3) + 2), 2);
+    }
+    r[i] = lo | (static_cast<uint32_t>(hi) << 16);
+  }
+#else
+  static_assert(kCount < 0, "k3::mma::ldmatrix: no such instruction on this target");
+  (void)r;
+  (void)row;
+#endif
+}
+
+// The fragment loads above from shared-memory rows that start on 16-byte boundaries (the tile's
+// address and its leading dimension in bytes multiples of 16): one ldmatrix per fragment on
+// m16n8k16 (A: x4; B: x2, transposed for a row-major KxN B) where K3_MMA_LDMATRIX is set, the
+// per-slot loads elsewhere. The slots come out as load_a / load_b / load_b_transposed give them
+// (the kernel `ldmatrix_fragments` of kernels/csrc/tests checks it bit for bit). Every lane must
+// call them.
+// K3_MMA_LDMATRIX: sm_100a/103a (same registers as the per-slot loads there) and the emulator;
+// not sm_90a, where nvcc 13.5 gave the MoE and dense GEMMs more registers for it (the 16-row
+// MoE kernel spilled at its 128-register bound; benches/kernel-resources.md, BENCHMARKS.md).
+#if K3_TARGET_SIMT || (K3_TARGET_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000)
+#define K3_MMA_LDMATRIX 1
+#else
+#define K3_MMA_LDMATRIX 0
+#endif
+K3_DEVICE void unpack_pairs(uint16_t* x, const uint32_t* r, int regs) {
+  for (int i = 0; i < regs; ++i) {
+    x[2 * i] = static_cast<uint16_t>(r[i]);
+    x[2 * i + 1] = static_cast<uint16_t>(r[i] >> 16);
+  }
+}
+template <class S>
+K3_DEVICE void load_a_ldsm(FragA<S>& f, const bf16* a, int lda) {
+  if constexpr (K3_MMA_LDMATRIX && S::kId == M16N8K16::kId) {
+    // Matrices: rows 0-7 / 8-15 x columns 0-7, then the same rows x columns 8-15 (slot order).
+    const int l = static_cast<int>(lane_id());
+    uint32_t r[4];
+    ldmatrix<4, false>(r, a + ((l & 7) + 8 * ((l >> 3) & 1)) * lda + 8 * (l >> 4));
+    unpack_pairs(f.x, r, 4);
+  } else {
+    load_a(f, a, lda);
+  }
+}
+template <class S>
+K3_DEVICE void load_b_ldsm(FragB<S>& f, const bf16* b, int ldb) {
+  if constexpr (K3_MMA_LDMATRIX && S::kId == M16N8K16::kId) {
+    // k rows 0-7 and 8-15, each transposed into (n = l / 4, k pair).
+    const int l = static_cast<int>(lane_id());
+    uint32_t r[2];
+    ldmatrix<2, true>(r, b + (l & 15) * ldb);
+    unpack_pairs(f.x, r, 2);
+  } else {
+    load_b(f, b, ldb);
+  }
+}
+template <class S>
+K3_DEVICE void load_b_transposed_ldsm(FragB<S>& f, const bf16* bt, int ldbt) {
+  if constexpr (K3_MMA_LDMATRIX && S::kId == M16N8K16::kId) {
+    // n rows 0-7 x k columns 0-7, then 8-15.
+    const int l = static_cast<int>(lane_id());
+    uint32_t r[2];
+    ldmatrix<2, false>(r, bt + (l & 7) * ldbt + 8 * ((l >> 3) & 1));
+    unpack_pairs(f.x, r, 2);
+  } else {
+    load_b_transposed(f, bt, ldbt);
+  }
+}
+
 template <class S>
 K3_DEVICE void fill(FragC<S>& f, float v) {
   for (int s = 0; s < S::kCSlots; ++s) f.x[s] = v;

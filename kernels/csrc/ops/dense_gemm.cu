@@ -19,7 +19,7 @@
 #define DENSE_GEMM_BM 64
 #define DENSE_GEMM_BN 64
 #define DENSE_GEMM_MMA_BK 32
-#define DENSE_GEMM_MMA_LDS (DENSE_GEMM_MMA_BK + 8)
+#define DENSE_GEMM_MMA_LDS (DENSE_GEMM_MMA_BK + 8)  // 80-B rows: ldmatrix's 8 rows per phase hit distinct banks
 #define DENSE_GEMM_F32_BK 16
 #define DENSE_GEMM_F32_THREADS 256
 
@@ -82,10 +82,10 @@ K3_DEVICE void dense_gemm_mma_block(const k3::bf16* x, int64_t ldx, const k3::bf
       FragA<S> fa[kFragsM];
       FragB<S> fb[kFragsN];
       K3_UNROLL
-      for (int i = 0; i < kFragsM; ++i) load_a(fa[i], &xs[wm + i * S::M][kk], DENSE_GEMM_MMA_LDS);
+      for (int i = 0; i < kFragsM; ++i) load_a_ldsm(fa[i], &xs[wm + i * S::M][kk], DENSE_GEMM_MMA_LDS);
       // B[k][n] = W[n][k]: the W tile is B transposed.
       K3_UNROLL
-      for (int j = 0; j < kFragsN; ++j) load_b_transposed(fb[j], &ws[wn + j * S::N][kk], DENSE_GEMM_MMA_LDS);
+      for (int j = 0; j < kFragsN; ++j) load_b_transposed_ldsm(fb[j], &ws[wn + j * S::N][kk], DENSE_GEMM_MMA_LDS);
       K3_UNROLL
       for (int i = 0; i < kFragsM; ++i) {
         K3_UNROLL

@@ -322,8 +322,9 @@ constexpr int kMmaSmallRM = 16;                     // rows per chunk at block_m
 constexpr int kMmaThreads = 4 * k3::kWarpSize;      // the launcher sends exactly 4 warps
 constexpr int kMmaBK = 64;                          // k per pipeline step (two MX blocks)
 // bf16 row pitch of the shared tiles: 144 B = 36 words, so the 8 lanes of a 16-B store phase
-// (consecutive chunks of one row) and the fragment loads
-// (rows g, columns t: word 36g + t) all fall in distinct banks.
+// (consecutive chunks of one row), the per-slot fragment loads (rows g, columns t: word
+// 36g + t) and the 8 16-byte rows of an ldmatrix phase (NVIDIA: k3::mma::load_a_ldsm,
+// load_b_transposed_ldsm) all fall in distinct banks.
 constexpr int kMmaLds = kMmaBK + 8;
 constexpr int kBf16Chunk = 8;                       // bf16 per 16-B chunk
 constexpr int kBf16ChunksPerRow = kMmaBK / kBf16Chunk;
@@ -510,7 +511,7 @@ MOE_INLINE K3_DEVICE void moe_mma_load_w_frag(k3::mma::FragB<S>& fb, const MoeMm
   if constexpr (kMx) {
     moe::load_b_mxfp4(fb, &sh.w_mx[slot][r][0], kMxPitch, &sh.w_scale[slot][r][0], kMxChunksPerRow, kk);
   } else {
-    k3::mma::load_b_transposed(fb, &sh.w_tile[slot][r][kk], kMmaLds);
+    k3::mma::load_b_transposed_ldsm(fb, &sh.w_tile[slot][r][kk], kMmaLds);
   }
 }
 
@@ -719,7 +720,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
         FragA<S> fa[kFragsM];
         K3_UNROLL
         for (int i = 0; i < kFragsM; ++i) {
-          if (row_live[i]) load_a(fa[i], &a_tile[a_base + wm + i * S::M][kk], kMmaLds);
+          if (row_live[i]) load_a_ldsm(fa[i], &a_tile[a_base + wm + i * S::M][kk], kMmaLds);
         }
         K3_UNROLL
         for (int j = 0; j < kFragsN; ++j) {
