@@ -67,8 +67,9 @@
 //!
 //! Partial results of split (batch, head group) pairs live in the caller's workspace: for partial
 //! slot p, `out` f32 `[q_len, HEAD_GROUP, latent]` at byte [`MlaDecodePlan::partial_out_offset`]
-//! (rows [`MlaDecodePlan::partial_row_pitch`] floats apart: latent rounded up to 4) and `lse` f32 `[q_len, HEAD_GROUP]` at [`MlaDecodePlan::partial_lse_offset`] (all outs first,
-//! then all LSEs; masked head rows are unused). Items that cover a whole (batch, head group)
+//! (rows [`MlaDecodePlan::partial_row_pitch`] floats apart: latent rounded up to 4) and `lse`
+//! f32 `[q_len, HEAD_GROUP]` at [`MlaDecodePlan::partial_lse_offset`] (all outs first, then all
+//! LSEs; masked head rows are unused). Items that cover a whole (batch, head group)
 //! write `out`/`lse` directly and need no slot. An unsplit Gluon plan needs no workspace.
 //!
 //! AsmStyle plans also reserve room, after the LSEs at byte [`MlaDecodePlan::schedule_offset`],
