@@ -344,8 +344,46 @@ fn packed_hardware_conversions_are_bit_exact_on_non_nan_inputs() {
     }
 }
 
-/// The MoE GEMM's in-register MXFP4 decode (csrc/ops/moe_mxfp4.cuh: e2m1 bits by shifts, one
-/// multiply by the E8M0 scale, the bf16 pair as high halves) against
+/// k3::byte_perm (k3/convert_hw.h) as PTX's prmt defines its default mode: result byte i is byte
+/// (sel >> 4i) & 7 of the pool {lo, hi}. Every one of the 4096 selectors with nibbles 0..7 (and
+/// garbage above bit 15, which prmt ignores) on varied pools; a nibble past 7 traps.
+#[test]
+fn byte_perm_follows_the_prmt_default_mode() {
+    let prmt = |lo: u32, hi: u32, sel: u32| -> u32 {
+        let pool = (u64::from(hi) << 32) | u64::from(lo);
+        (0..4).map(|i| (((pool >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) as u32) << (8 * i)).sum()
+    };
+    let mut args = Vec::new();
+    let mut x = 0x9e37_79b9u32;
+    for sel in 0..4096u32 {
+        let nibbles = (sel & 7) | ((sel >> 3 & 7) << 4) | ((sel >> 6 & 7) << 8) | ((sel >> 9 & 7) << 12);
+        x = x.wrapping_mul(0x0101_0101).wrapping_add(0x7f4a_7c15);
+        args.extend([x, x.rotate_left(13) ^ 0xa5a5_5a5a, nibbles | (x & 0xffff_0000)]);
+    }
+    let n = args.len() / 3;
+    for warp in WARPS {
+        let rt = rt(warp);
+        let (ib, ob) = (upload(&rt, &args), alloc::<u32>(&rt, n));
+        let mut a = KernelArgs::new();
+        a.push(ptr(&ib)).push(n as i32).push(ptr(&ob));
+        launch(&rt, "convert_hw_byte_perm", LaunchConfig::new(4, 256, 0), &mut a).unwrap();
+        let got = download::<u32>(&rt, &ob);
+        for i in 0..n {
+            let (lo, hi, sel) = (args[3 * i], args[3 * i + 1], args[3 * i + 2]);
+            assert_eq!(got[i], prmt(lo, hi, sel), "warp {warp} byte_perm({lo:#010x}, {hi:#010x}, {sel:#06x})");
+        }
+        let bad = [1u32, 2, 0x0000_8000];
+        let (ib, ob) = (upload(&rt, &bad), alloc::<u32>(&rt, 1));
+        let mut a = KernelArgs::new();
+        a.push(ptr(&ib)).push(1i32).push(ptr(&ob));
+        let e = launch(&rt, "convert_hw_byte_perm", LaunchConfig::new(1, 32, 0), &mut a).unwrap_err().to_string();
+        assert!(e.contains("selector nibble past 7"), "warp {warp}: {e}");
+    }
+}
+
+/// The MoE GEMM's in-register MXFP4 decode (csrc/ops/moe_mxfp4.cuh: the e2m1 magnitudes' f32
+/// bytes by table lookups (k3::byte_perm), one multiply by the E8M0 scale, the bf16 pair as high
+/// halves) against
 /// kernel_api::formats::Mxfp4Block::dequantize rounded to bf16, for every code byte under every
 /// scale byte: bit for bit (a NaN for the NaN scale 255).
 #[test]

@@ -12,6 +12,8 @@
 //                           value is exact in bf16, so truncation is the correctly rounded result
 //   *_x2_to_f16x2           sm_89+: cvt.rn.f16x2.{e4m3,e5m2}x2 alone (every fp8 value is exact in
 //                           f16); elsewhere from the f32 pair
+//   byte_perm               CUDA: prmt (__byte_perm); HIP: v_perm_b32: four bytes picked from
+//                           eight, the lookup of the table-driven decodes (ops/moe_mxfp4.cuh)
 //
 // Packing: two values travel in one 32-bit word, element 0 in the low half (the lower address
 // when stored), as the MMA fragments hold them; fp8 pairs are a 16-bit word, element 0 in the
@@ -167,6 +169,26 @@ K3_DEVICE uint32_t e5m2_x2_to_f16x2(uint16_t codes) {
 #else
   const f32x2 v = e5m2_x2_to_f32(codes);
   return detail::pack_halves(detail::exact_f16_bits(v.lo), detail::exact_f16_bits(v.hi));
+#endif
+}
+
+// Byte i (i = 0..3) of the result is byte (sel >> 4i) & 7 of the 8-byte pool lo (bytes 0..3),
+// hi (bytes 4..7): PTX prmt's default mode. Each of the four selector nibbles must be 0..7 (prmt
+// would replicate a byte's sign for nibble bit 3, which v_perm_b32 has no twin for): the SIMT
+// form traps on any other, where the targets would disagree. On HIP the nibbles spread into
+// v_perm_b32's selector bytes (folded for a constant selector, three or four ALU ops otherwise).
+K3_DEVICE uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t sel) {
+#if K3_TARGET_CUDA
+  return __byte_perm(lo, hi, sel);
+#elif K3_TARGET_HIP
+  const uint32_t bytes = (sel & 0xfu) | ((sel & 0xf0u) << 4) | ((sel & 0xf00u) << 8) | ((sel & 0xf000u) << 12);
+  return __builtin_amdgcn_perm(hi, lo, bytes);
+#else
+  if ((sel & 0x8888u) != 0) trap("k3::byte_perm: a selector nibble past 7");
+  const uint64_t pool = (static_cast<uint64_t>(hi) << 32) | lo;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((pool >> (8 * ((sel >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return r;
 #endif
 }
 

@@ -26,6 +26,8 @@ K3_DEVICE void store_f32x4(float* p, f32x4 x) { *reinterpret_cast<f32x4*>(p) = x
 // 16 raw bytes (8 bf16, 16 fp8, 32 fp4 codes) from a 16-byte aligned address.
 K3_DEVICE u32x4 load_16b(const void* p) { return *static_cast<const u32x4*>(p); }
 K3_DEVICE void store_16b(void* p, u32x4 x) { *static_cast<u32x4*>(p) = x; }
+// 8 raw bytes from an 8-byte aligned address (one 64-bit access).
+K3_DEVICE u32x2 load_8b(const void* p) { return *static_cast<const u32x2*>(p); }
 
 namespace detail {
 // The bits of one value of an fp8 dtype (kF8E4M3Fn, kF8E4M3Fnuz, kF8E5M2) as store_f32 converts it.

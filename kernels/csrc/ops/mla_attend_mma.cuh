@@ -22,9 +22,12 @@
 //   so tile-scaled caches scale each k-step's product per token column. Warp partials of S
 //   [16 x 16] meet in shared memory and 256 threads (one per score) sum them.
 // - Softmax: online, f32, one thread per (row, token), width-16 shuffles per row.
-// - PV: each warp owns n-tiles of the latent output (f32 C fragments in registers). P is split
-//   into bf16 hi + lo parts (two MMAs), so the product keeps ~16 bits of P: f32-grade output
-//   from bf16 operands. V's multiplier is folded into P per output n-tile.
+// - PV: each warp owns kPvCols adjacent latent output columns as kPvTiles n-tiles (f32 C
+//   fragments in registers), interleaved so that a lane's slots of all its n-tiles are adjacent
+//   columns: V comes in one 8-byte (fp8) or 16-byte (bf16) shared load per token and lane, and
+//   the output goes out in 16-byte stores (see kPvCols). P is split into bf16 hi + lo parts (two
+//   MMAs), so the product keeps ~16 bits of P: f32-grade output from bf16 operands. A warp's
+//   columns lie in one scale tile: V's multiplier is folded into P once per KV tile.
 #ifndef K3_OPS_MLA_ATTEND_MMA_CUH
 #define K3_OPS_MLA_ATTEND_MMA_CUH
 
@@ -101,12 +104,6 @@ K3_DEVICE uint32_t stage_pair(const KvStage& s, int t, int col) {
   return *reinterpret_cast<const uint32_t*>(row + s.bf16_off + 2 * col);
 }
 
-K3_DEVICE uint16_t stage_value(const KvStage& s, int t, int col) {
-  const uint8_t* row = s.rows + t * s.pitch;
-  if (col < s.fp8_cols) return static_cast<uint16_t>(k3::e4m3_x2_to_bf16x2(row[col], s.fnuz));
-  return *reinterpret_cast<const uint16_t*>(row + s.bf16_off + 2 * col);
-}
-
 K3_DEVICE float stage_mult(const KvStage& s, int t, int slot) {
   return slot < kMultSlots - 1 ? *reinterpret_cast<const float*>(s.rows + t * s.pitch + s.scale_byte + 4 * slot) : 1.0f;
 }
@@ -135,12 +132,91 @@ K3_DEVICE void load_k_frag(k3::mma::FragB<Shape>& f, const KvStage& s, int t0, i
   }
 }
 
-// B = V over the tile's tokens (k) and columns col0 .. col0 + N.
-K3_DEVICE void load_v_frag(k3::mma::FragB<Shape>& f, const KvStage& s, int col0) {
+// ---- PV's columns ----
+// Warp w owns the kPvCols latent columns from w x kPvCols, and column n of its n-tile u is latent
+// column w x kPvCols + n x kPvTiles + u. A lane's B slots all hold one column n (both fragment
+// layouts), so across the kPvTiles n-tiles they hold kPvTiles adjacent columns of each of the
+// slots' tokens: one 8-byte (fp8 codes) or 16-byte (bf16) shared load per token (a "run") feeds
+// every n-tile, where per-slot loads took kPvTiles x kBSlots 1- or 2-byte loads; fp8 slot pairs
+// then decode through one packed convert. A lane's C slots likewise hold kPvTiles adjacent output
+// columns each (16-byte stores).
+constexpr int kPvCols = kPvTiles * Shape::N;
+static_assert(kPvTiles == 8, "a run is 8 values: 8 bytes of fp8 codes, 16 of bf16");
+static_assert(kPvCols * kWarps == kMaxLatent, "the warps' columns tile the widest latent");
+static_assert(kScaleTile % kPvCols == 0, "a warp's PV columns lie in one scale tile");
+
+K3_HOST_DEVICE constexpr bool b_one_col_per_lane() {
+  for (int lane = 0; lane < Shape::kWarp; ++lane) {
+    for (int i = 0; i < Shape::kBSlots; ++i) {
+      if (Shape::b(lane, i).col != Shape::b(lane, 0).col) return false;
+    }
+  }
+  return true;
+}
+static_assert(b_one_col_per_lane() && Shape::kBSlots % 2 == 0, "V runs: one column per lane, slots in pairs");
+
+// This lane's V runs of a tile: per B slot, the kPvTiles values of the slot's token from the
+// lane's first column (pv0 + n x kPvTiles), as stored: fp8 codes in r[i].v[0..1] (kFp8) or bf16
+// in r[i].v[0..3]. Runs at or past `latent` read as zero (whole runs: on the staged paths latent
+// is a multiple of 16, and the bf16 tile of load_tile is zero from latent to pad16(latent)).
+struct VRuns {
+  k3::u32x4 r[Shape::kBSlots];
+};
+
+template <bool kFp8>
+K3_DEVICE void load_v_runs(VRuns& v, const KvStage& s, int pv0, int latent) {
+  const int col = pv0 + k3::mma::b_coord<Shape>(0).col * kPvTiles;
+  const bool live = col < latent;
   K3_UNROLL
   for (int i = 0; i < Shape::kBSlots; ++i) {
-    const k3::layout::RC rc = k3::mma::b_coord<Shape>(i);
-    f.x[i] = stage_value(s, rc.row, col0 + rc.col);
+    const uint8_t* row = s.rows + k3::mma::b_coord<Shape>(i).row * s.pitch;
+    k3::u32x4 x = {{0u, 0u, 0u, 0u}};
+    if (kFp8 && live) {
+      const k3::u32x2 h = k3::load_8b(row + col);
+      x.v[0] = h.v[0];
+      x.v[1] = h.v[1];
+    } else if (live) {
+      x = k3::load_16b(row + s.bf16_off + 2 * col);
+    }
+    v.r[i] = x;
+  }
+}
+
+// B = V of n-tile u from the runs.
+template <bool kFp8>
+K3_DEVICE void v_frag(k3::mma::FragB<Shape>& f, const VRuns& v, int u, bool fnuz) {
+  K3_UNROLL
+  for (int i = 0; i < Shape::kBSlots; i += 2) {
+    uint32_t w;
+    if (kFp8) {
+      const uint32_t lo = (v.r[i].v[u / 4] >> (8 * (u % 4))) & 0xffu;
+      const uint32_t hi = (v.r[i + 1].v[u / 4] >> (8 * (u % 4))) & 0xffu;
+      w = k3::e4m3_x2_to_bf16x2(static_cast<uint16_t>(lo | hi << 8), fnuz);
+    } else {
+      const uint32_t lo = (v.r[i].v[u / 2] >> (16 * (u % 2))) & 0xffffu;
+      const uint32_t hi = (v.r[i + 1].v[u / 2] >> (16 * (u % 2))) & 0xffffu;
+      w = lo | hi << 16;
+    }
+    f.x[i] = static_cast<uint16_t>(w & 0xffffu);
+    f.x[i + 1] = static_cast<uint16_t>(w >> 16);
+  }
+}
+
+// oacc[u] += P V for n-tile u of the warp's columns: the alpha rescale, then the hi and lo MMAs.
+template <bool kFp8>
+K3_AMD_INLINE K3_DEVICE void pv_products(k3::mma::FragC<Shape> (&oacc)[kPvTiles], const k3::mma::FragA<Shape>& hi,
+                           const k3::mma::FragA<Shape>& lo, const float (&alpha)[Shape::kCSlots], const KvStage& s,
+                           int pv0, int latent) {
+  VRuns v;
+  load_v_runs<kFp8>(v, s, pv0, latent);
+  K3_UNROLL
+  for (int u = 0; u < kPvTiles; ++u) {
+    K3_UNROLL
+    for (int e = 0; e < Shape::kCSlots; ++e) oacc[u].x[e] *= alpha[e];
+    k3::mma::FragB<Shape> vb;
+    v_frag<kFp8>(vb, v, u, s.fnuz);
+    k3::mma::mma_sync(oacc[u], hi, vb, oacc[u]);
+    k3::mma::mma_sync(oacc[u], lo, vb, oacc[u]);
   }
 }
 
@@ -325,6 +401,11 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   st.bf16_off = tiled ? c.latent + 4 * ((c.latent + kScaleTile - 1) / kScaleTile) - 2 * c.latent : 0;
   st.scale_byte = c.latent;
   st.fnuz = c.fnuz != 0;
+  // The single bf16 tile (!kRaw) read as a stage of bf16 columns.
+  KvStage tile = st;
+  tile.pitch = 2 * pitch;
+  tile.fp8_cols = 0;
+  tile.bf16_off = 0;
   uint8_t* const stages = reinterpret_cast<uint8_t*>(sm.raw);
   // Clamped to what the wait below names (a value outside 2 .. kMaxKvStages is a host bug).
   const int n_stages = !kRaw ? 1 : (c.kv_stages < 2 ? 2 : (c.kv_stages > kMaxKvStages ? kMaxKvStages : c.kv_stages));
@@ -426,12 +507,10 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     if (scol == 0) sm.alpha[srow] = alpha;
     k3::sync_threads();
 
-    // PV into this warp's output n-tiles.
-    K3_UNROLL
-    for (int u = 0; u < kPvTiles; ++u) {
-      const int col0 = (warp + u * kWarps) * Shape::N;
-      if (col0 >= c.latent) continue;  // warp-uniform
-      const int slot = mult_slot(col0, lp);
+    // PV into this warp's output columns (kPvCols).
+    const int pv0 = warp * kPvCols;
+    if (pv0 < c.latent) {  // warp-uniform
+      const int slot = mult_slot(pv0, lp);
       k3::mma::FragA<Shape> hi, lo;
       K3_UNROLL
       for (int e = 0; e < Shape::kASlots; ++e) {
@@ -442,16 +521,14 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
         hi.x[e] = h.bits;
         lo.x[e] = k3::f32_to_bf16(pv - k3::bf16_to_f32(h)).bits;
       }
+      float alpha[Shape::kCSlots];
       K3_UNROLL
-      for (int e = 0; e < Shape::kCSlots; ++e) oacc[u].x[e] *= sm.alpha[k3::mma::c_coord<Shape>(e).row];
-      k3::mma::FragB<Shape> vb;
-      if constexpr (kRaw) {
-        load_v_frag(vb, st, col0);
+      for (int e = 0; e < Shape::kCSlots; ++e) alpha[e] = sm.alpha[k3::mma::c_coord<Shape>(e).row];
+      if (kRaw && st.fp8_cols > 0) {
+        pv_products<true>(oacc, hi, lo, alpha, st, pv0, c.latent);
       } else {
-        k3::mma::load_b(vb, reinterpret_cast<const k3::bf16*>(sm.raw + col0), pitch);
+        pv_products<false>(oacc, hi, lo, alpha, kRaw ? st : tile, pv0, c.latent);
       }
-      k3::mma::mma_sync(oacc[u], hi, vb, oacc[u]);
-      k3::mma::mma_sync(oacc[u], lo, vb, oacc[u]);
     }
   }
 
@@ -460,33 +537,39 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     dst.lse[dst.loff + qi * dst.lst + (dst.head_base + rho % r.gh) * dst.lsh] = l > 0.0f ? m + k3::log_f32(l) : neg_inf;
   }
   k3::sync_threads();
-  // Where the C slots pair up along a row (warp 32) and the output rows allow it (decided from
-  // the arguments: uniform), each pair of columns goes out in one 2-element store.
-  constexpr int kStep = k3::mma::c_pairs_adjacent<Shape>() ? 2 : 1;
-  const bool pair_out = kStep == 2 && (dst.off | dst.st | dst.sh | c.latent) % 2 == 0 && k3::aligned16(dst.out);
-  K3_UNROLL
-  for (int u = 0; u < kPvTiles; ++u) {
-    const int col0 = (warp + u * kWarps) * Shape::N;
-    if (col0 >= c.latent) continue;
+  // Each C slot holds kPvTiles adjacent output columns (kPvCols): two 4-element stores where the
+  // output rows allow it (decided from the arguments: uniform), else one store per column.
+  const int pv0 = warp * kPvCols;
+  const bool vec_out = (dst.off | dst.st | dst.sh) % 4 == 0 && k3::aligned16(dst.out);
+  if (pv0 < c.latent) {  // warp-uniform
     K3_UNROLL
-    for (int e = 0; e < Shape::kCSlots; e += kStep) {
+    for (int e = 0; e < Shape::kCSlots; ++e) {
       const k3::layout::RC rc = k3::mma::c_coord<Shape>(e);
       const int orho = r.rho0 + rc.row;
-      const int d = col0 + rc.col;
-      if (orho >= total_rows || d >= c.latent) continue;
+      const int d0 = pv0 + rc.col * kPvTiles;
+      if (orho >= total_rows || d0 >= c.latent) continue;
       const float den = sm.l[rc.row];
       const float f = out_scale / den;
-      float v[kStep];
+      k3::f32x4 v[2];
       K3_UNROLL
-      for (int h = 0; h < kStep; ++h) v[h] = den > 0.0f ? oacc[u].x[e + h] * f : 0.0f;
-      const int64_t o = dst.off + (orho / r.gh) * dst.st + (dst.head_base + orho % r.gh) * dst.sh + d;
-      if (kStep == 2 && pair_out) {  // d even, d + 1 < latent (latent even)
-        k3::store_f32x2(dst.out, dst.out_dt, o, v[0], v[kStep - 1]);
+      for (int u = 0; u < kPvTiles; ++u) v[u / 4].v[u % 4] = den > 0.0f ? oacc[u].x[e] * f : 0.0f;
+      const int64_t o = dst.off + (orho / r.gh) * dst.st + (dst.head_base + orho % r.gh) * dst.sh + d0;
+      if (vec_out && d0 + kPvTiles <= c.latent) {  // d0 is a multiple of 8
+        k3::store_f32x4(dst.out, dst.out_dt, o, v[0]);
+        k3::store_f32x4(dst.out, dst.out_dt, o + 4, v[1]);
         continue;
       }
+      // One column per iteration, the values shifted down: one inlined store_f32 per C slot (an
+      // unrolled loop of eight made the slot loop too large for clang to unroll on AMD, whose
+      // C slots then went through scratch).
+      float w[kPvTiles];
       K3_UNROLL
-      for (int h = 0; h < kStep; ++h) {
-        if (d + h < c.latent) k3::store_f32(dst.out, dst.out_dt, o + h, v[h]);
+      for (int u = 0; u < kPvTiles; ++u) w[u] = v[u / 4].v[u % 4];
+      K3_NO_UNROLL
+      for (int u = 0; u < kPvTiles && d0 + u < c.latent; ++u) {
+        k3::store_f32(dst.out, dst.out_dt, o + u, w[0]);
+        K3_UNROLL
+        for (int j = 0; j + 1 < kPvTiles; ++j) w[j] = w[j + 1];
       }
     }
   }

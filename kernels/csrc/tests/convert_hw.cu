@@ -32,3 +32,12 @@ K3_KERNEL void convert_hw_fp8_pairs(float* f32, uint32_t* bf16x2, uint32_t* f16x
   }
 }
 K3_EXPORT(convert_hw_fp8_pairs);
+
+// out[i] = byte_perm(in[3i], in[3i + 1], in[3i + 2]), grid-stride.
+K3_KERNEL void convert_hw_byte_perm(const uint32_t* in, int n, uint32_t* out) {
+  const unsigned stride = k3::grid_dim_x() * k3::block_dim_x();
+  for (unsigned i = k3::block_idx_x() * k3::block_dim_x() + k3::thread_idx_x(); i < static_cast<unsigned>(n); i += stride) {
+    out[i] = k3::byte_perm(in[3 * i], in[3 * i + 1], in[3 * i + 2]);
+  }
+}
+K3_EXPORT(convert_hw_byte_perm);
