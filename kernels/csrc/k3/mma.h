@@ -174,12 +174,15 @@ K3_DEVICE void ldmatrix(uint32_t (&r)[kCount], const void* row) {
 #else
 #define K3_MMA_LDMATRIX 0
 #endif
+namespace detail {
+// ldmatrix registers into fragment slots (slot pairs, low half first).
 K3_DEVICE void unpack_pairs(uint16_t* x, const uint32_t* r, int regs) {
   for (int i = 0; i < regs; ++i) {
     x[2 * i] = static_cast<uint16_t>(r[i]);
     x[2 * i + 1] = static_cast<uint16_t>(r[i] >> 16);
   }
 }
+}  // namespace detail
 template <class S>
 K3_DEVICE void load_a_ldsm(FragA<S>& f, const bf16* a, int lda) {
   if constexpr (K3_MMA_LDMATRIX && S::kId == M16N8K16::kId) {
@@ -187,7 +190,7 @@ K3_DEVICE void load_a_ldsm(FragA<S>& f, const bf16* a, int lda) {
     const int l = static_cast<int>(lane_id());
     uint32_t r[4];
     ldmatrix<4, false>(r, a + ((l & 7) + 8 * ((l >> 3) & 1)) * lda + 8 * (l >> 4));
-    unpack_pairs(f.x, r, 4);
+    detail::unpack_pairs(f.x, r, 4);
   } else {
     load_a(f, a, lda);
   }
@@ -199,7 +202,7 @@ K3_DEVICE void load_b_ldsm(FragB<S>& f, const bf16* b, int ldb) {
     const int l = static_cast<int>(lane_id());
     uint32_t r[2];
     ldmatrix<2, true>(r, b + (l & 15) * ldb);
-    unpack_pairs(f.x, r, 2);
+    detail::unpack_pairs(f.x, r, 2);
   } else {
     load_b(f, b, ldb);
   }
@@ -211,7 +214,7 @@ K3_DEVICE void load_b_transposed_ldsm(FragB<S>& f, const bf16* bt, int ldbt) {
     const int l = static_cast<int>(lane_id());
     uint32_t r[2];
     ldmatrix<2, false>(r, bt + (l & 7) * ldbt + 8 * ((l >> 3) & 1));
-    unpack_pairs(f.x, r, 2);
+    detail::unpack_pairs(f.x, r, 2);
   } else {
     load_b_transposed(f, bt, ldbt);
   }

@@ -83,6 +83,10 @@ K3_DEVICE MmaSmem carve_mma(uint8_t* s) {
 
 // The multiplier slot of padded column `col`.
 K3_DEVICE int mult_slot(int col, int lp) { return col < lp ? col / kScaleTile : kMultSlots - 1; }
+// The scale tile of a warp's i-th k-step (warp + i x kWarps) below the rope, the same for every
+// warp: the kWarps steps of one i lie in one tile.
+K3_HOST_DEVICE constexpr int step_tile(int i) { return kWarps * 16 * i / kScaleTile; }
+static_assert(kScaleTile % (kWarps * 16) == 0, "the warps' k-steps of one i lie in one scale tile");
 
 // A raw staged KV tile (kRaw) as the fragment loads read it: token t's row at rows + t * pitch;
 // padded column `col` < fp8_cols is the e4m3 code at byte col (decoded here), any other column
@@ -97,39 +101,63 @@ struct KvStage {
   bool fnuz;
 };
 
-// bf16 bits of columns col, col + 1 (col even) of token t, packed low first.
-K3_DEVICE uint32_t stage_pair(const KvStage& s, int t, int col) {
-  const uint8_t* row = s.rows + t * s.pitch;
-  if (col < s.fp8_cols) return k3::e4m3_x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(row + col), s.fnuz);
-  return *reinterpret_cast<const uint32_t*>(row + s.bf16_off + 2 * col);
-}
-
 K3_DEVICE float stage_mult(const KvStage& s, int t, int slot) {
   return slot < kMultSlots - 1 ? *reinterpret_cast<const float*>(s.rows + t * s.pitch + s.scale_byte + 4 * slot) : 1.0f;
 }
 
-// The B fragment's slots come in pairs (2i, 2i + 1) of adjacent k (even first) at one n, so a
-// K fragment (B = K^T: k = column, n = token) reads whole column pairs.
-K3_HOST_DEVICE constexpr bool b_pairs_adjacent() {
+// ---- QK^T's columns ----
+// Within a k-step, logical k of the A (query) and B (K) fragments is physical column k_col(k) of
+// the step: a dot product takes its terms in any order, so one permutation applied to both sides
+// leaves S as it is. It is chosen so that a lane's four B slots are four adjacent columns of its
+// token: a K fragment is one 4-byte (fp8 codes) or 8-byte (bf16) shared load, where the slot
+// pairs of m16n8k16 (k = 2q, 2q + 1 and 2q + 8, 2q + 9) took two. MFMA's slots are adjacent
+// already (the identity). A k-step keeps its 16 columns, so it stays in one scale tile.
+K3_HOST_DEVICE constexpr int k_col(int k) {
+  return Shape::kId == k3::mma::M16N8K16::kId ? (k % 8) / 2 * 4 + k / 8 * 2 + k % 2 : k;
+}
+K3_HOST_DEVICE constexpr bool k_cols_adjacent() {
+  for (int k = 0; k < Shape::K; ++k) {
+    if (k_col(k) < 0 || k_col(k) >= Shape::K) return false;
+    for (int j = 0; j < k; ++j) {
+      if (k_col(j) == k_col(k)) return false;
+    }
+  }
   for (int lane = 0; lane < Shape::kWarp; ++lane) {
-    for (int i = 0; i < Shape::kBSlots; i += 2) {
-      const k3::layout::RC a = Shape::b(lane, i), b = Shape::b(lane, i + 1);
-      if (a.row % 2 != 0 || b.row != a.row + 1 || b.col != a.col) return false;
+    const int c0 = k_col(Shape::b(lane, 0).row);
+    if (c0 % Shape::kBSlots != 0) return false;
+    for (int i = 0; i < Shape::kBSlots; ++i) {
+      if (k_col(Shape::b(lane, i).row) != c0 + i || Shape::b(lane, i).col != Shape::b(lane, 0).col) return false;
     }
   }
   return true;
 }
-static_assert(b_pairs_adjacent(), "K fragment loads read column pairs");
+static_assert(Shape::K == 16 && Shape::kBSlots == 4 && k_cols_adjacent(), "K fragments: four adjacent columns per lane");
 
-// B = K^T over tokens t0 .. t0 + N and columns col0 .. col0 + 16.
+// B = K^T over tokens t0 .. t0 + N and the k-step at col0, from a raw stage.
 K3_DEVICE void load_k_frag(k3::mma::FragB<Shape>& f, const KvStage& s, int t0, int col0) {
-  K3_UNROLL
-  for (int i = 0; i < Shape::kBSlots; i += 2) {
-    const k3::layout::RC rc = k3::mma::b_coord<Shape>(i);
-    const uint32_t w = stage_pair(s, t0 + rc.col, col0 + rc.row);
-    f.x[i] = static_cast<uint16_t>(w & 0xffffu);
-    f.x[i + 1] = static_cast<uint16_t>(w >> 16);
+  const k3::layout::RC rc = k3::mma::b_coord<Shape>(0);
+  const uint8_t* row = s.rows + (t0 + rc.col) * s.pitch;
+  const int col = col0 + k_col(rc.row);
+  uint32_t w[2];
+  if (col < s.fp8_cols) {
+    const uint32_t codes = *reinterpret_cast<const uint32_t*>(row + col);
+    w[0] = k3::e4m3_x2_to_bf16x2(static_cast<uint16_t>(codes & 0xffffu), s.fnuz);
+    w[1] = k3::e4m3_x2_to_bf16x2(static_cast<uint16_t>(codes >> 16), s.fnuz);
+  } else {
+    const k3::u32x2 v = k3::load_8b(row + s.bf16_off + 2 * col);
+    w[0] = v.v[0];
+    w[1] = v.v[1];
   }
+  K3_UNROLL
+  for (int i = 0; i < Shape::kBSlots; ++i) f.x[i] = static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2)));
+}
+
+// The same from the staged bf16 tile (pitch in elements: rows 16-byte aligned), one 8-byte load.
+K3_DEVICE void load_k_frag(k3::mma::FragB<Shape>& f, const uint16_t* tile, int pitch, int t0, int col0) {
+  const k3::layout::RC rc = k3::mma::b_coord<Shape>(0);
+  const k3::u32x2 v = k3::load_8b(tile + (t0 + rc.col) * pitch + col0 + k_col(rc.row));
+  K3_UNROLL
+  for (int i = 0; i < Shape::kBSlots; ++i) f.x[i] = static_cast<uint16_t>(v.v[i / 2] >> (16 * (i % 2)));
 }
 
 // ---- PV's columns ----
@@ -376,7 +404,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     for (int s = 0; s < Shape::kASlots; ++s) {
       const k3::layout::RC rc = k3::mma::a_coord<Shape>(s);
       const int rho = r.rho0 + rc.row;
-      const int col = ks * 16 + rc.col;
+      const int col = ks * 16 + k_col(rc.col);
       uint16_t v = 0;
       if constexpr (kVec) {
         if (ks < nks) v = sm.raw[rc.row * pitch + col];
@@ -456,6 +484,19 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     k3::sync_threads();  // ... and everyone's
     if constexpr (kPrefetch) fetch_tile(c, s0 + kMmaTile, kv_hi - s0 - kMmaTile, row_bytes / 16, pre);
 
+    // The tile scales of this lane's C-slot tokens (kRaw, tile-scaled: there the raw row holds
+    // exactly four, from a 16-byte aligned byte), one 16-byte load per token; the k-step loop
+    // below picks them in an order fixed at compile time (step_tile).
+    k3::f32x4 tsc[kSTiles][Shape::kCSlots];
+    if (kRaw && tiled) {
+      K3_UNROLL
+      for (int nt = 0; nt < kSTiles; ++nt) {
+        K3_UNROLL
+        for (int e = 0; e < Shape::kCSlots; ++e) {
+          tsc[nt][e] = k3::load_f32x4(reinterpret_cast<const float*>(st.rows + (nt * Shape::N + k3::mma::c_coord<Shape>(e).col) * st.pitch + st.scale_byte));
+        }
+      }
+    }
     // S partials of this warp's k-steps.
     K3_UNROLL
     for (int nt = 0; nt < kSTiles; ++nt) {
@@ -468,18 +509,27 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
         k3::mma::FragB<Shape> kb;
         if constexpr (kRaw) {
           load_k_frag(kb, st, nt * Shape::N, ks * 16);
-        } else {  // the bf16 tile, read as before the pipeline (fewer registers on AMD)
-          k3::mma::load_b_transposed(kb, reinterpret_cast<const k3::bf16*>(sm.raw + nt * Shape::N * pitch + ks * 16), pitch);
+        } else {
+          load_k_frag(kb, sm.raw, pitch, nt * Shape::N, ks * 16);
         }
         if (tiled) {
           k3::mma::FragC<Shape> t;
           k3::mma::fill(t, 0.0f);
           k3::mma::mma_sync(t, qa[i], kb, t);
           const int slot = mult_slot(ks * 16, lp);
+          // = slot outside the rope, and known at compile time (at most 3: the staged rows hold 4).
+          const int slot_i = step_tile(i) < kMultSlots - 1 ? step_tile(i) : 0;
+          const bool rope = ks * 16 >= lp;
           K3_UNROLL
           for (int e = 0; e < Shape::kCSlots; ++e) {
             const k3::layout::RC rc = k3::mma::c_coord<Shape>(e);
-            sacc.x[e] += t.x[e] * (kRaw ? stage_mult(st, nt * Shape::N + rc.col, slot) : sm.mult[(nt * Shape::N + rc.col) * kMultSlots + slot]);
+            float mul;
+            if constexpr (kRaw) {
+              mul = rope ? 1.0f : tsc[nt][e].v[slot_i];
+            } else {
+              mul = sm.mult[(nt * Shape::N + rc.col) * kMultSlots + slot];
+            }
+            sacc.x[e] += t.x[e] * mul;
           }
         } else {
           k3::mma::mma_sync(sacc, qa[i], kb, sacc);

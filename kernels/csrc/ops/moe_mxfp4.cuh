@@ -17,7 +17,8 @@ constexpr uint32_t kE2m1Mid[2] = {0xc0800000u, 0xc0804000u};
 
 // E8M0 scale byte as f32 (k3::load_f32's kE8M0 decode: 255 is NaN, 0 is 2^-127).
 K3_DEVICE float e8m0_f32(uint32_t s) {
-  return s == 255u ? k3::uint_as_float(0x7fc00000u) : (s == 0u ? k3::uint_as_float(0x00400000u) : k3::uint_as_float(s << 23));
+  const uint32_t bits = s == 0u ? 0x00400000u : s << 23;
+  return k3::uint_as_float(s == 255u ? 0x7fc00000u : bits);
 }
 
 // Two E2M1 codes (the low 8 bits of `byte`, element 0 in the low nibble) times the block scale
@@ -36,10 +37,37 @@ K3_DEVICE uint32_t mxfp4_byte_to_bf16x2(uint32_t byte, float s) {
   return k3::detail::high_halves(k3::uint_as_float(lo) * s, k3::uint_as_float(hi) * s);
 }
 
+// gfx950 converts and scales a code pair in one instruction (v_cvt_scalef32_pk_bf16_fp4, which
+// multiplies by the exponent part of its f32 scale). The decodes take it where every product is
+// a normal, finite bf16 (scales 2^-125 .. 2^125, E8M0 bytes 2 .. 252), so any rounding the
+// instruction does agrees with the exact result; the table path keeps the rest (zero,
+// subnormal and NaN scales, products past bf16's range), whose handling by the instruction no
+// run here has seen. Compiled, not yet run on an MI355X; the emulator runs the table path.
+K3_DEVICE bool mxfp4_hw_scale(float s) {
+#if K3_TARGET_HIP && defined(__gfx950__)
+  return s >= 0x1p-125f && s <= 0x1p125f;
+#else
+  static_cast<void>(s);
+  return false;
+#endif
+}
+K3_DEVICE uint32_t mxfp4_byte_to_bf16x2_hw(uint32_t byte, float s) {
+#if K3_TARGET_HIP && defined(__gfx950__)
+  typedef __bf16 v2bf __attribute__((ext_vector_type(2)));
+  return __builtin_bit_cast(uint32_t, static_cast<v2bf>(__builtin_amdgcn_cvt_scalef32_pk_bf16_fp4(byte, s, 0)));
+#else
+  return mxfp4_byte_to_bf16x2(byte, s);  // never taken: mxfp4_hw_scale is false here
+#endif
+}
+
 // Eight E2M1 codes (element 0 in the low nibble) times the block scale as four bf16 pairs.
 K3_DEVICE k3::u32x4 mxfp4_word_to_bf16(uint32_t w, float s) {
   k3::u32x4 o;
-  for (int h = 0; h < 4; ++h) o.v[h] = mxfp4_byte_to_bf16x2(w >> (8 * h), s);
+  if (mxfp4_hw_scale(s)) {
+    for (int h = 0; h < 4; ++h) o.v[h] = mxfp4_byte_to_bf16x2_hw(w >> (8 * h), s);
+  } else {
+    for (int h = 0; h < 4; ++h) o.v[h] = mxfp4_byte_to_bf16x2(w >> (8 * h), s);
+  }
   return o;
 }
 
@@ -68,11 +96,20 @@ K3_DEVICE void load_b_mxfp4(k3::mma::FragB<S>& f, const uint8_t* codes, int pitc
   static_assert(32 % S::K == 0, "a fragment lies in one MX block");
   const k3::mma::RC rc0 = k3::mma::b_coord<S>(0);
   const float s = e8m0_f32(scales[rc0.col * sc_pitch + (kk + rc0.row) / 32]);
+  uint32_t bytes[S::kBSlots / 2];
   for (int i = 0; i < S::kBSlots; i += 2) {
     const k3::mma::RC rc = k3::mma::b_coord<S>(i);
-    const uint32_t pair = mxfp4_byte_to_bf16x2(codes[rc.col * pitch + (kk + rc.row) / 2], s);
-    f.x[i] = static_cast<uint16_t>(pair);
-    f.x[i + 1] = static_cast<uint16_t>(pair >> 16);
+    bytes[i / 2] = codes[rc.col * pitch + (kk + rc.row) / 2];
+  }
+  uint32_t pairs[S::kBSlots / 2];
+  if (mxfp4_hw_scale(s)) {  // false at compile time but on gfx950
+    for (int i = 0; i < S::kBSlots / 2; ++i) pairs[i] = mxfp4_byte_to_bf16x2_hw(bytes[i], s);
+  } else {
+    for (int i = 0; i < S::kBSlots / 2; ++i) pairs[i] = mxfp4_byte_to_bf16x2(bytes[i], s);
+  }
+  for (int i = 0; i < S::kBSlots; i += 2) {
+    f.x[i] = static_cast<uint16_t>(pairs[i / 2]);
+    f.x[i + 1] = static_cast<uint16_t>(pairs[i / 2] >> 16);
   }
 }
 
