@@ -220,6 +220,81 @@ K3_DEVICE void load_b_transposed_ldsm(FragB<S>& f, const bf16* bt, int ldbt) {
   }
 }
 
+// ---- k-permuted fragment loads ----
+// k_perm<S>(k): the column of a K step that logical k of the A and B fragments reads in the
+// *_kperm loads. An MMA sums over k, so loading both of its operands through one permutation of
+// the step's columns gives the same product (the order the hardware adds in is unspecified
+// anyway). The permutation puts each lane's B slots on adjacent columns: on m16n8k16 (k = 2q,
+// 2q + 1, 2q + 8, 2q + 9 -> 4q .. 4q + 3) a B fragment is then one 8-byte shared load and an A
+// fragment two, where the slot pairs took two and four (or one ldmatrix each); the MFMA shapes'
+// slots are adjacent already (the identity: the same loads as load_a / load_b_transposed). Rows
+// must start on 8-byte boundaries (tile address and leading dimension in bytes multiples of 8).
+template <class S>
+K3_HOST_DEVICE constexpr int k_perm(int k) {
+  return S::kId == M16N8K16::kId ? (k % 8) / 2 * 4 + k / 8 * 2 + k % 2 : k;
+}
+template <class S>
+K3_HOST_DEVICE constexpr bool k_perm_puts_b_slots_adjacent() {
+  for (int k = 0; k < S::K; ++k) {  // a bijection of the step's columns
+    if (k_perm<S>(k) < 0 || k_perm<S>(k) >= S::K) return false;
+    for (int j = 0; j < k; ++j) {
+      if (k_perm<S>(j) == k_perm<S>(k)) return false;
+    }
+  }
+  for (int lane = 0; lane < S::kWarp; ++lane) {
+    const int c0 = k_perm<S>(S::b(lane, 0).row);
+    if (S::kBSlots != 4 || c0 % 4 != 0) return false;
+    for (int i = 0; i < S::kBSlots; ++i) {
+      if (k_perm<S>(S::b(lane, i).row) != c0 + i || S::b(lane, i).col != S::b(lane, 0).col) return false;
+    }
+  }
+  return true;
+}
+static_assert(k_perm_puts_b_slots_adjacent<M16N8K16>() && k_perm_puts_b_slots_adjacent<M16N16K16>() &&
+                  k_perm_puts_b_slots_adjacent<M32N32K8>(),
+              "k_perm: each lane's four B slots on four adjacent columns");
+// The m16n8k16 A slots load_a_kperm assumes: lane (g = l / 4, q = l % 4), slots 0, 1, 4, 5 at row
+// g and 2, 3, 6, 7 at row g + 8, at permuted columns 4q + 2 (s / 4) + s % 2.
+K3_HOST_DEVICE constexpr bool m16n8k16_a_kperm_rows() {
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int s = 0; s < 8; ++s) {
+      const RC rc = M16N8K16::a(lane, s);
+      if (rc.row != lane / 4 + 8 * ((s / 2) % 2) || k_perm<M16N8K16>(rc.col) != 4 * (lane % 4) + 2 * (s / 4) + s % 2) return false;
+    }
+  }
+  return true;
+}
+static_assert(m16n8k16_a_kperm_rows(), "load_a_kperm's slot map");
+
+// A tile (row-major, lda elements) with its columns read through k_perm.
+template <class S>
+K3_DEVICE void load_a_kperm(FragA<S>& f, const bf16* a, int lda) {
+  if constexpr (S::kId == M16N8K16::kId) {
+    const int l = static_cast<int>(lane_id());
+    const uint16_t* p = &a[(l >> 2) * lda + 4 * (l & 3)].bits;
+    const uint64_t r0 = *reinterpret_cast<const uint64_t*>(p);            // row g: slots 0, 1, 4, 5
+    const uint64_t r1 = *reinterpret_cast<const uint64_t*>(p + 8 * lda);  // row g + 8: slots 2, 3, 6, 7
+    const int row_slot[4] = {0, 1, 4, 5};
+    for (int j = 0; j < 4; ++j) {
+      f.x[row_slot[j]] = static_cast<uint16_t>(r0 >> (16 * j));
+      f.x[row_slot[j] + 2] = static_cast<uint16_t>(r1 >> (16 * j));
+    }
+  } else {
+    for (int s = 0; s < S::kASlots; ++s) {
+      RC rc = a_coord<S>(s);
+      f.x[s] = a[rc.row * lda + k_perm<S>(rc.col)].bits;
+    }
+  }
+}
+// B given transposed (bt row-major N x K, B[k][n] = bt[n * ldbt + k]) with its k read through
+// k_perm: one 8-byte load of the lane's four adjacent columns.
+template <class S>
+K3_DEVICE void load_b_transposed_kperm(FragB<S>& f, const bf16* bt, int ldbt) {
+  const RC rc = b_coord<S>(0);
+  const uint64_t r = *reinterpret_cast<const uint64_t*>(&bt[rc.col * ldbt + k_perm<S>(rc.row)].bits);
+  for (int i = 0; i < S::kBSlots; ++i) f.x[i] = static_cast<uint16_t>(r >> (16 * i));
+}
+
 template <class S>
 K3_DEVICE void fill(FragC<S>& f, float v) {
   for (int s = 0; s < S::kCSlots; ++s) f.x[s] = v;

@@ -106,32 +106,12 @@ K3_DEVICE float stage_mult(const KvStage& s, int t, int slot) {
 }
 
 // ---- QK^T's columns ----
-// Within a k-step, logical k of the A (query) and B (K) fragments is physical column k_col(k) of
-// the step: a dot product takes its terms in any order, so one permutation applied to both sides
-// leaves S as it is. It is chosen so that a lane's four B slots are four adjacent columns of its
-// token: a K fragment is one 4-byte (fp8 codes) or 8-byte (bf16) shared load, where the slot
-// pairs of m16n8k16 (k = 2q, 2q + 1 and 2q + 8, 2q + 9) took two. MFMA's slots are adjacent
-// already (the identity). A k-step keeps its 16 columns, so it stays in one scale tile.
-K3_HOST_DEVICE constexpr int k_col(int k) {
-  return Shape::kId == k3::mma::M16N8K16::kId ? (k % 8) / 2 * 4 + k / 8 * 2 + k % 2 : k;
-}
-K3_HOST_DEVICE constexpr bool k_cols_adjacent() {
-  for (int k = 0; k < Shape::K; ++k) {
-    if (k_col(k) < 0 || k_col(k) >= Shape::K) return false;
-    for (int j = 0; j < k; ++j) {
-      if (k_col(j) == k_col(k)) return false;
-    }
-  }
-  for (int lane = 0; lane < Shape::kWarp; ++lane) {
-    const int c0 = k_col(Shape::b(lane, 0).row);
-    if (c0 % Shape::kBSlots != 0) return false;
-    for (int i = 0; i < Shape::kBSlots; ++i) {
-      if (k_col(Shape::b(lane, i).row) != c0 + i || Shape::b(lane, i).col != Shape::b(lane, 0).col) return false;
-    }
-  }
-  return true;
-}
-static_assert(Shape::K == 16 && Shape::kBSlots == 4 && k_cols_adjacent(), "K fragments: four adjacent columns per lane");
+// Within a k-step, the query's A and K's B fragments read logical k at physical column
+// k3::mma::k_perm<Shape>(k) (k3/mma.h: a permutation that puts a lane's four B slots on four
+// adjacent columns; the identity on MFMA): a K fragment is one 4-byte (fp8 codes) or 8-byte
+// (bf16) shared load, where the slot pairs of m16n8k16 took two. A k-step keeps its 16 columns,
+// so it stays in one scale tile.
+K3_HOST_DEVICE constexpr int k_col(int k) { return k3::mma::k_perm<Shape>(k); }
 
 // B = K^T over tokens t0 .. t0 + N and the k-step at col0, from a raw stage.
 K3_DEVICE void load_k_frag(k3::mma::FragB<Shape>& f, const KvStage& s, int t0, int col0) {
@@ -150,14 +130,6 @@ K3_DEVICE void load_k_frag(k3::mma::FragB<Shape>& f, const KvStage& s, int t0, i
   }
   K3_UNROLL
   for (int i = 0; i < Shape::kBSlots; ++i) f.x[i] = static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2)));
-}
-
-// The same from the staged bf16 tile (pitch in elements: rows 16-byte aligned), one 8-byte load.
-K3_DEVICE void load_k_frag(k3::mma::FragB<Shape>& f, const uint16_t* tile, int pitch, int t0, int col0) {
-  const k3::layout::RC rc = k3::mma::b_coord<Shape>(0);
-  const k3::u32x2 v = k3::load_8b(tile + (t0 + rc.col) * pitch + col0 + k_col(rc.row));
-  K3_UNROLL
-  for (int i = 0; i < Shape::kBSlots; ++i) f.x[i] = static_cast<uint16_t>(v.v[i / 2] >> (16 * (i % 2)));
 }
 
 // ---- PV's columns ----
@@ -400,19 +372,24 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   K3_UNROLL
   for (int i = 0; i < kQSteps; ++i) {
     const int ks = warp + i * kWarps;
-    K3_UNROLL
-    for (int s = 0; s < Shape::kASlots; ++s) {
-      const k3::layout::RC rc = k3::mma::a_coord<Shape>(s);
-      const int rho = r.rho0 + rc.row;
-      const int col = ks * 16 + k_col(rc.col);
-      uint16_t v = 0;
-      if constexpr (kVec) {
-        if (ks < nks) v = sm.raw[rc.row * pitch + col];
+    if constexpr (kVec) {
+      if (ks < nks) {  // warp-uniform
+        k3::mma::load_a_kperm(qa[i], reinterpret_cast<const k3::bf16*>(sm.raw + ks * 16), pitch);
       } else {
-        const int e = col < c.latent ? col : (col >= lp && col - lp < c.rope ? c.latent + col - lp : -1);
-        if (ks < nks && rho < total_rows && e >= 0) v = qbits[q.off + (rho / r.gh) * q.st + (r.head0 + rho % r.gh) * q.sh + e];
+        K3_UNROLL
+        for (int s = 0; s < Shape::kASlots; ++s) qa[i].x[s] = 0;
       }
-      qa[i].x[s] = v;
+    } else {
+      K3_UNROLL
+      for (int s = 0; s < Shape::kASlots; ++s) {
+        const k3::layout::RC rc = k3::mma::a_coord<Shape>(s);
+        const int rho = r.rho0 + rc.row;
+        const int col = ks * 16 + k_col(rc.col);
+        const int e = col < c.latent ? col : (col >= lp && col - lp < c.rope ? c.latent + col - lp : -1);
+        uint16_t v = 0;
+        if (ks < nks && rho < total_rows && e >= 0) v = qbits[q.off + (rho / r.gh) * q.st + (r.head0 + rho % r.gh) * q.sh + e];
+        qa[i].x[s] = v;
+      }
     }
   }
 
@@ -510,7 +487,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
         if constexpr (kRaw) {
           load_k_frag(kb, st, nt * Shape::N, ks * 16);
         } else {
-          load_k_frag(kb, sm.raw, pitch, nt * Shape::N, ks * 16);
+          k3::mma::load_b_transposed_kperm(kb, reinterpret_cast<const k3::bf16*>(sm.raw + nt * Shape::N * pitch + ks * 16), pitch);
         }
         if (tiled) {
           k3::mma::FragC<Shape> t;

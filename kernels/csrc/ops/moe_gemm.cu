@@ -47,8 +47,10 @@
 // moe_gemm_mma_block: MXFP4 weights 4 steps deep, 3 on AMD; bf16 weights 2): weights and 16-row
 // activation steps by asynchronous copies (cp.async on sm_80+) into rings in shared memory, the
 // E8M0 bytes and, on AMD, the weights through registers. MXFP4 stays raw in shared memory and is decoded at
-// fragment load (moe_mxfp4.cuh: e2m1 -> f32 bits by shifts, one multiply by the E8M0 scale,
-// exact; the bf16 value as the product's high half). Fragments of
+// fragment load (moe_mxfp4.cuh: the e2m1 magnitudes' f32 bytes by table lookups, one multiply by
+// the E8M0 scale, exact, the bf16 value as the product's high half; gfx950's scaled convert where
+// it is exact). Both operands' fragments read k through k3::mma::k_perm, so a lane's B slots are
+// adjacent k: one 8-byte load (bf16) or two adjacent code bytes (MXFP4) per fragment. Fragments of
 // 16-row groups without a pair, and column fragments past n, are skipped (warp-uniform tests);
 // a chunk without any pair is skipped whole. Dense and MXFP4 weights reach the MMAs as the same bf16
 // operands in the same order, so MXFP4 results equal the bf16 twin's bit for bit.
@@ -322,9 +324,10 @@ constexpr int kMmaSmallRM = 16;                     // rows per chunk at block_m
 constexpr int kMmaThreads = 4 * k3::kWarpSize;      // the launcher sends exactly 4 warps
 constexpr int kMmaBK = 64;                          // k per pipeline step (two MX blocks)
 // bf16 row pitch of the shared tiles: 144 B = 36 words, so the 8 lanes of a 16-B store phase
-// (consecutive chunks of one row), the per-slot fragment loads (rows g, columns t: word
-// 36g + t) and the 8 16-byte rows of an ldmatrix phase (NVIDIA: k3::mma::load_a_ldsm,
-// load_b_transposed_ldsm) all fall in distinct banks.
+// (consecutive chunks of one row) fall in distinct banks, and the fragment loads (k-permuted:
+// k3::mma::load_a_kperm, load_b_transposed_kperm; on m16n8k16 lane (g, q) reads 8 bytes at
+// word 36g + 2q + k/2 of its row) cover each bank exactly twice per 32 lanes, the minimum for
+// 256 bytes.
 constexpr int kMmaLds = kMmaBK + 8;
 constexpr int kBf16Chunk = 8;                       // bf16 per 16-B chunk
 constexpr int kBf16ChunksPerRow = kMmaBK / kBf16Chunk;
@@ -511,7 +514,7 @@ MOE_INLINE K3_DEVICE void moe_mma_load_w_frag(k3::mma::FragB<S>& fb, const MoeMm
   if constexpr (kMx) {
     moe::load_b_mxfp4(fb, &sh.w_mx[slot][r][0], kMxPitch, &sh.w_scale[slot][r][0], kMxChunksPerRow, kk);
   } else {
-    k3::mma::load_b_transposed_ldsm(fb, &sh.w_tile[slot][r][kk], kMmaLds);
+    k3::mma::load_b_transposed_kperm(fb, &sh.w_tile[slot][r][kk], kMmaLds);
   }
 }
 
@@ -720,7 +723,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
         FragA<S> fa[kFragsM];
         K3_UNROLL
         for (int i = 0; i < kFragsM; ++i) {
-          if (row_live[i]) load_a_ldsm(fa[i], &a_tile[a_base + wm + i * S::M][kk], kMmaLds);
+          if (row_live[i]) load_a_kperm(fa[i], &a_tile[a_base + wm + i * S::M][kk], kMmaLds);
         }
         K3_UNROLL
         for (int j = 0; j < kFragsN; ++j) {

@@ -71,41 +71,28 @@ K3_DEVICE k3::u32x4 mxfp4_word_to_bf16(uint32_t w, float s) {
   return o;
 }
 
-// Whether the B slots of shape S come in pairs (2i, 2i + 1) of consecutive k, the even k first,
-// in one column: then slot pair i is one code byte.
-template <class S>
-K3_HOST_DEVICE constexpr bool b_slots_pair_k() {
-  for (int lane = 0; lane < S::kWarp; ++lane) {
-    for (int i = 0; i < S::kBSlots; i += 2) {
-      const k3::mma::RC a = S::b(lane, i), b = S::b(lane, i + 1);
-      if (a.row % 2 != 0 || b.row != a.row + 1 || b.col != a.col) return false;
-    }
-  }
-  return true;
-}
-
-// The MMA B fragment at k = kk.. of a weight tile staged raw, decoded at fragment load: B[k][n]
-// = W[n][k], W's row n at codes + n * pitch (byte i: k = 2i in the low nibble, 2i + 1 in the
-// high one), its E8M0 bytes at scales + n * sc_pitch (one per MX block of 32 k). The same bf16
-// values as mxfp4_word_to_bf16 (so the MMA sees the dense twin's operands). kk is a multiple of
-// S::K, so a lane's slots lie in one MX block and share one scale.
+// The MMA B fragment at k = kk.. of a weight tile staged raw, decoded at fragment load, with its k
+// read through k3::mma::k_perm (the A fragments of the same MMAs are loaded with load_a_kperm):
+// B[k][n] = W[n][k], W's row n at codes + n * pitch (byte i: k = 2i in the low nibble, 2i + 1 in
+// the high one), its E8M0 bytes at scales + n * sc_pitch (one per MX block of 32 k). A lane's four
+// slots are then four adjacent k from a multiple of 4: two adjacent code bytes, one 2-byte load.
+// The same bf16 values as mxfp4_word_to_bf16 (so the MMA sees the dense twin's operands). kk is a
+// multiple of S::K, so a lane's slots lie in one MX block and share one scale.
 template <class S>
 K3_DEVICE void load_b_mxfp4(k3::mma::FragB<S>& f, const uint8_t* codes, int pitch, const uint8_t* scales,
                             int sc_pitch, int kk) {
-  static_assert(b_slots_pair_k<S>(), "slot pairs are code bytes");
+  static_assert(S::kBSlots == 4, "a lane's slots are two code bytes");
   static_assert(32 % S::K == 0, "a fragment lies in one MX block");
   const k3::mma::RC rc0 = k3::mma::b_coord<S>(0);
-  const float s = e8m0_f32(scales[rc0.col * sc_pitch + (kk + rc0.row) / 32]);
-  uint32_t bytes[S::kBSlots / 2];
-  for (int i = 0; i < S::kBSlots; i += 2) {
-    const k3::mma::RC rc = k3::mma::b_coord<S>(i);
-    bytes[i / 2] = codes[rc.col * pitch + (kk + rc.row) / 2];
-  }
-  uint32_t pairs[S::kBSlots / 2];
+  const int k0 = kk + k3::mma::k_perm<S>(rc0.row);  // a multiple of 4 (k_perm_puts_b_slots_adjacent)
+  const float s = e8m0_f32(scales[rc0.col * sc_pitch + k0 / 32]);
+  const uint32_t two = *reinterpret_cast<const uint16_t*>(codes + rc0.col * pitch + k0 / 2);
+  const uint32_t bytes[2] = {two & 0xffu, two >> 8};
+  uint32_t pairs[2];
   if (mxfp4_hw_scale(s)) {  // false at compile time but on gfx950
-    for (int i = 0; i < S::kBSlots / 2; ++i) pairs[i] = mxfp4_byte_to_bf16x2_hw(bytes[i], s);
+    for (int i = 0; i < 2; ++i) pairs[i] = mxfp4_byte_to_bf16x2_hw(bytes[i], s);
   } else {
-    for (int i = 0; i < S::kBSlots / 2; ++i) pairs[i] = mxfp4_byte_to_bf16x2(bytes[i], s);
+    for (int i = 0; i < 2; ++i) pairs[i] = mxfp4_byte_to_bf16x2(bytes[i], s);
   }
   for (int i = 0; i < S::kBSlots; i += 2) {
     f.x[i] = static_cast<uint16_t>(pairs[i / 2]);
