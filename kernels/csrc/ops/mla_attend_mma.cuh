@@ -220,47 +220,63 @@ K3_AMD_INLINE K3_DEVICE void pv_products(k3::mma::FragC<Shape> (&oacc)[kPvTiles]
   }
 }
 
-// ---- Register prefetch of the next KV tile (`*_mma` at warp 64: AMD) ----
+// ---- Register prefetch of the next two KV tiles (`*_mma` at warp 64: AMD) ----
 // There k3::AsyncCopy is a synchronous register copy (k3/async_copy.h) and one decoded bf16 tile
 // is staged (kRawStaging is off), so the tile's loads would sit in front of its products. Instead
-// the raw 16-byte units of tile i + 1 are loaded into registers right after tile i becomes
+// the raw 16-byte units of tile i + 2 are loaded into registers right after tile i becomes
 // visible, and decoded into the staged layout (as load_tile's fast path writes it) after tile
-// i's products: the loads' latency runs under the MFMAs, and the compiler's wait for them
-// (s_waitcnt vmcnt) lands at the decode. Thread tid holds units u0 + 16 k of token tid / 16
-// (u0 = tid % 16): 16 threads per token, 256 contiguous bytes per token and slot, no division
-// and no shuffle; its row offset is one block-table read (entries bound-checked per page before
-// the first tile). kPrefetchSlots = 3 slots cover K3's fp8 rows (36 units flat, 41 tile-scaled);
-// a bf16 row (72 units) loads its units from 48 on at decode time, keeping the registers held
-// across the products at 12 VGPRs.
+// i + 1's products: two tiles' loads run under the MFMAs (kPrefetchTiles). Estimated, not measured:
+// one fp8 tile per block is 608 blocks x 10.5 KB = 6.4 MB in flight on MI300X, and 5.3 TB/s at
+// 1-2 us of loaded latency asks for 5-11 MB. The compiler's wait for a tile at its decode (s_waitcnt
+// vmcnt(N)) leaves the next one in flight. Thread tid holds units u0 + 16 k of token tid / 16 (u0
+// = tid % 16): 16 threads per token, 256 contiguous bytes per token and slot, no division and no
+// shuffle; its row offset comes from one block-table read, issued a tile earlier (tile_page;
+// entries bound-checked per page before the first tile). kPrefetchSlots = 3 slots cover K3's fp8
+// rows (36 units flat, 41 tile-scaled); a bf16 row (72 units) loads its units from 48 on at decode
+// time, keeping the registers held across the products at 2 x (12 + 2) + 1 VGPRs.
 constexpr int kTokenThreads = kBlock / kMmaTile;                                       // 16
+constexpr int kPrefetchTiles = 2;
 constexpr int kPrefetchSlots = 3;
 constexpr int kDecodeSlots = (kMaxRowUnits + kTokenThreads - 1) / kTokenThreads;      // 5
 static_assert(kTokenThreads * kMmaTile == kBlock, "whole tokens per thread group");
 
 struct TileUnits {
   k3::u32x4 v[kPrefetchSlots];
+  int64_t row;  // byte offset of the token row the units came from
 };
 
-// This thread's token row in the tile at s0 (n live tokens): the cache base itself for a dead
-// token (never read then). No null pointer: a select with one would turn the loads into
-// generic (flat_) ones on AMD, which every LDS wait (lgkmcnt) then also waits for.
-K3_DEVICE const uint8_t* tile_row(const Cache& c, int s0, bool live) {
-  const int t = static_cast<int>(k3::thread_idx_x()) / kTokenThreads;
-  return c.base + (live ? row_offset(c, s0 + t) : 0);
+// This thread's token in the tile at s0; a token at or past kv_hi (dead) stands in for token
+// kv_hi - 1, whose block-table entry pages_ok checked like every entry of the item (callers run
+// only for items with kv_start < kv_hi), so dead tokens read a live row and drop it.
+K3_DEVICE int tile_token(int s0, int kv_hi) {
+  const int s = s0 + static_cast<int>(k3::thread_idx_x()) / kTokenThreads;
+  return s < kv_hi ? s : kv_hi - 1;
 }
 
-// Raw 16-byte units of the tile at s0 (n live tokens) for this thread: slot k = unit u0 + 16 k
-// of its token; zero past the row or for a dead token.
-K3_DEVICE void fetch_tile(const Cache& c, int s0, int n, int units, TileUnits& f) {
-  const int tid = static_cast<int>(k3::thread_idx_x());
-  const bool live = tid / kTokenThreads < n;
-  const uint8_t* row = tile_row(c, s0, live);
-  const int u0 = tid % kTokenThreads;
+// The block-table entry of this thread's token in the tile at s0. attend_mma reads it one tile
+// before the tile's units: the units' loads then depend on a value that arrived long ago, and
+// the compiler's wait for it does not also wait for the other tile's loads in flight (waits
+// count loads in issue order, and a read issued just before them would be the newest).
+K3_DEVICE int tile_page(const Cache& c, int s0, int kv_hi) {
+  const int s = tile_token(s0, kv_hi);
+  return c.block_table[static_cast<int64_t>(s / c.page_size) * c.bt_col_stride];
+}
+
+// Raw 16-byte units of the tile at s0 (its block-table entry `page`, from tile_page) for this
+// thread: slot k = unit u0 + 16 k of its token (past the row: its last unit, never decoded); a
+// dead token's are a live row's (decode_tile writes zeros for it). Every thread issues the same
+// loads whatever s0, the row width or the live tokens: with no branch around them the compiler's
+// wait at decode_tile counts only the loads issued before this fetch (s_waitcnt vmcnt(N) with the
+// later tiles' loads left in flight; a load under a branch makes it wait for all of them).
+K3_DEVICE void fetch_tile(const Cache& c, int s0, int kv_hi, int page, int units, TileUnits& f) {
+  const int s = tile_token(s0, kv_hi);
+  f.row = static_cast<int64_t>(page) * c.page_stride + static_cast<int64_t>(s % c.page_size) * c.row_stride;
+  const uint8_t* row = c.base + f.row;
+  const int u0 = static_cast<int>(k3::thread_idx_x()) % kTokenThreads;
   K3_UNROLL
   for (int k = 0; k < kPrefetchSlots; ++k) {
     const int u = u0 + k * kTokenThreads;
-    const k3::u32x4 zero = {{0u, 0u, 0u, 0u}};
-    f.v[k] = live && u < units ? k3::load_16b(row + 16 * u) : zero;
+    f.v[k] = k3::load_16b(row + 16 * (u < units ? u : units - 1));
   }
 }
 
@@ -278,17 +294,27 @@ K3_DEVICE void decode_tile(const Cache& c, int s0, int n, int units, const TileU
   const bool live = t < n;
   uint16_t* dst = raw + t * kv_pitch(c.latent + c.rope);
   float* m = mult + t * kMultSlots;
+  // Every unit is taken (a dead token's dropped) before any branch on the lane: the compiler's
+  // wait for a load lands at its first use, and one inside a lane-dependent branch leaves the
+  // load pending on the other path, which then costs a wait for every load in flight (the next
+  // tiles' too) at the next reuse of its registers.
+  const k3::u32x4 zero = {{0u, 0u, 0u, 0u}};
+  k3::u32x4 vs[kDecodeSlots] = {};
+  K3_UNROLL
+  for (int k = 0; k < kPrefetchSlots; ++k) vs[k] = live ? f.v[k] : zero;
+  if (units > kPrefetchSlots * kTokenThreads) {  // bf16 rows (block-uniform): the tail loads now
+    K3_UNROLL
+    for (int k = kPrefetchSlots; k < kDecodeSlots; ++k) {
+      const int u = u0 + k * kTokenThreads;
+      const k3::u32x4 v = k3::load_16b(c.base + f.row + 16 * (u < units ? u : units - 1));
+      vs[k] = live ? v : zero;
+    }
+  }
   K3_UNROLL
   for (int k = 0; k < kDecodeSlots; ++k) {
     const int u = u0 + k * kTokenThreads;
     if (u >= units) break;
-    k3::u32x4 v;
-    if (k < kPrefetchSlots) {
-      v = f.v[k];
-    } else {  // bf16 rows only (units > 48): the tail loads now
-      const k3::u32x4 zero = {{0u, 0u, 0u, 0u}};
-      v = live ? k3::load_16b(tile_row(c, s0, live) + 16 * u) : zero;
-    }
+    const k3::u32x4 v = vs[k];
     if (u < fp8_units) {
       k3::u32x4 lo, hi;
       fp8x8_to_bf16(v.v[0], v.v[1], fnuz, lo.v);
@@ -349,8 +375,20 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   // kVec at warp 64), or load_tile (!kVec).
   constexpr bool kRaw = kVec && kRawStaging;
   constexpr bool kPrefetch = kVec && !kRawStaging;
-  TileUnits pre;  // kPrefetch: the next tile's raw units; the first tile's run under the query staging
-  if constexpr (kPrefetch) fetch_tile(c, r.kv_start, kv_hi - r.kv_start, raw_row_bytes(c.kind, c.latent, c.rope) / 16, pre);
+  // kPrefetch: the raw units of the next kRing tiles, tile i's in pre[i % kRing] (the loop below
+  // runs rounds of kRing tiles so the index is a constant); the first ones run under the query
+  // staging.
+  constexpr int kRing = kPrefetch ? kPrefetchTiles : 1;
+  TileUnits pre[kRing];
+  int page_ahead = 0;  // kPrefetch: the block-table entry of the next tile to fetch (tile_page)
+  if constexpr (kPrefetch) {
+    if (r.kv_start < kv_hi) {  // block-uniform
+      const int units = raw_row_bytes(c.kind, c.latent, c.rope) / 16;
+      K3_UNROLL
+      for (int a = 0; a < kRing; ++a) fetch_tile(c, r.kv_start + a * kMmaTile, kv_hi, tile_page(c, r.kv_start + a * kMmaTile, kv_hi), units, pre[a]);
+      page_ahead = tile_page(c, r.kv_start + kRing * kMmaTile, kv_hi);
+    }
+  }
 
   // This warp's query fragments: k-steps warp, warp + kWarps, ...
   k3::mma::FragA<Shape> qa[kQSteps];
@@ -438,7 +476,9 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   K3_UNROLL
   for (int u = 0; u < kPvTiles; ++u) k3::mma::fill(oacc[u], 0.0f);
 
-  for (int s0 = r.kv_start; s0 < kv_hi; s0 += kMmaTile) {
+  // One KV tile at s0; `ahead` (kPrefetch) holds its raw units and takes those of the tile
+  // kRing tiles later.
+  auto tile_step = [&](int s0, TileUnits& ahead_units) K3_AMD_INLINE {
     const int n = kv_hi - s0 < kMmaTile ? kv_hi - s0 : kMmaTile;
     k3::sync_threads();  // the previous tile is consumed (its stage is refilled below)
     if constexpr (kRaw) {
@@ -454,12 +494,16 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
       stage = stage + 1 == n_stages ? 0 : stage + 1;
       fill = fill + 1 == n_stages ? 0 : fill + 1;
     } else if constexpr (kPrefetch) {
-      decode_tile(c, s0, n, row_bytes / 16, pre, sm.raw, sm.mult);
+      decode_tile(c, s0, n, row_bytes / 16, ahead_units, sm.raw, sm.mult);
     } else {
       load_tile(c, s0, n, kMmaTile, wpad, lp, sm.raw, sm.mult);
     }
     k3::sync_threads();  // ... and everyone's
-    if constexpr (kPrefetch) fetch_tile(c, s0 + kMmaTile, kv_hi - s0 - kMmaTile, row_bytes / 16, pre);
+    if constexpr (kPrefetch) {
+      const int page_next = tile_page(c, s0 + (kRing + 1) * kMmaTile, kv_hi);  // issued ahead of the units
+      fetch_tile(c, s0 + kRing * kMmaTile, kv_hi, page_ahead, row_bytes / 16, ahead_units);
+      page_ahead = page_next;
+    }
 
     // The tile scales of this lane's C-slot tokens (kRaw, tile-scaled: there the raw row holds
     // exactly four, from a 16-byte aligned byte), one 16-byte load per token; the k-step loop
@@ -557,7 +601,26 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
         pv_products<false>(oacc, hi, lo, alpha, kRaw ? st : tile, pv0, c.latent);
       }
     }
+  };
+  // kRing == 2: whole rounds of two tiles (pre[0] then pre[1]: constant indices), then the odd
+  // tile, so the loop's back edge comes only from the end of a round.
+  static_assert(kRing <= 2, "the loop below runs rounds of two tiles");
+  int s0 = r.kv_start;
+#if K3_TARGET_HIP
+  // All prologue loads done before the first round. The query staging above waits for them
+  // anyway when it runs; without this, the path that skips it (no staging lane: never taken at
+  // run time) reaches the compiler's wait placement with the loads in another order, and its
+  // merge makes every round's first decode wait for the second tile too (vmcnt(2) for
+  // vmcnt(6)). 0x0f70: vmcnt 0, expcnt and lgkmcnt at their maxima (no wait) in gfx9's encoding.
+  __builtin_amdgcn_s_waitcnt(0x0f70);
+#endif
+  if constexpr (kRing == 2) {
+    for (; s0 + kMmaTile < kv_hi; s0 += 2 * kMmaTile) {
+      tile_step(s0, pre[0]);
+      tile_step(s0 + kMmaTile, pre[1]);
+    }
   }
+  for (; s0 < kv_hi; s0 += kMmaTile) tile_step(s0, pre[0]);
 
   if (scol == 0) sm.l[srow] = l;
   if (scol == 0 && rho < total_rows && dst.lse != nullptr) {
