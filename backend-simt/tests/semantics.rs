@@ -341,6 +341,18 @@ fn packed_hardware_conversions_are_bit_exact_on_non_nan_inputs() {
                 }
             }
         }
+
+        // fp4 pairs: all 256 bytes (cvt.rn.f16x2.e2m1x2's input space; low nibble = element 0).
+        let eb = alloc::<f32>(&rt, 2 * 256);
+        let mut a = KernelArgs::new();
+        a.push(ptr(&eb));
+        launch(&rt, "convert_hw_e2m1_pairs", LaunchConfig::new(1, 128, 0), &mut a).unwrap();
+        let ge = download::<f32>(&rt, &eb);
+        for c in 0..256usize {
+            let (lo, hi) = kernel_api::formats::F4E2M1x2(c as u8).to_f32x2();
+            assert_eq!(ge[2 * c].to_bits(), lo.to_bits(), "warp {warp} e2m1 pair {c:#04x} element 0");
+            assert_eq!(ge[2 * c + 1].to_bits(), hi.to_bits(), "warp {warp} e2m1 pair {c:#04x} element 1");
+        }
     }
 }
 
@@ -381,33 +393,35 @@ fn byte_perm_follows_the_prmt_default_mode() {
     }
 }
 
-/// The MoE GEMM's in-register MXFP4 decode (csrc/ops/moe_mxfp4.cuh: the e2m1 magnitudes' f32
-/// bytes by table lookups (k3::byte_perm), one multiply by the E8M0 scale, the bf16 pair as high
-/// halves) against
-/// kernel_api::formats::Mxfp4Block::dequantize rounded to bf16, for every code byte under every
-/// scale byte: bit for bit (a NaN for the NaN scale 255).
+/// The MoE GEMM's in-register MXFP4 decode (csrc/ops/moe_mxfp4.cuh) in both forms: the e2m1
+/// magnitudes' f32 bytes by table lookups (k3::byte_perm), and k3::e2m1_x2_to_f32 (the form
+/// sm_100a/103a take with their hardware convert), each times the E8M0 scale with the bf16 pair
+/// as high halves, against kernel_api::formats::Mxfp4Block::dequantize rounded to bf16, for every
+/// code byte under every scale byte: bit for bit (a NaN for the NaN scale 255).
 #[test]
 fn moe_mxfp4_register_decode_is_bit_exact() {
     use kernel_api::formats::{F4E2M1x2, Mxfp4Block, E8M0};
     for warp in WARPS {
         let rt = rt(warp);
-        let ob = alloc::<u32>(&rt, 256 * 16 * 16);
+        let (ob, cb) = (alloc::<u32>(&rt, 256 * 16 * 16), alloc::<u32>(&rt, 256 * 16 * 16));
         let mut a = KernelArgs::new();
-        a.push(ptr(&ob));
+        a.push(ptr(&ob)).push(ptr(&cb));
         launch(&rt, "moe_mxfp4_decode_all", LaunchConfig::new(8, 128, 0), &mut a).unwrap();
-        let got = download::<u32>(&rt, &ob);
+        let (table, cvt) = (download::<u32>(&rt, &ob), download::<u32>(&rt, &cb));
         for s in 0..256usize {
             for c in 0..16usize {
                 let codes: [F4E2M1x2; 16] = std::array::from_fn(|j| F4E2M1x2((16 * c + j) as u8));
                 let want = Mxfp4Block { codes, scale: E8M0(s as u8) }.dequantize();
                 for (el, &v) in want.iter().enumerate() {
-                    let word = got[(s * 16 + c) * 16 + el / 2];
-                    let g = (word >> (16 * (el % 2))) as u16;
-                    let what = format!("warp {warp} scale {s} byte {} element {}", 16 * c + el / 2, el % 2);
-                    if v.is_nan() {
-                        assert!(bf16::from_bits(g).is_nan(), "{what}: {g:#06x} is not a NaN");
-                    } else {
-                        assert_eq!(g, bf16::from_f32(v).to_bits(), "{what}: {v:e}");
+                    for (path, got) in [("table", &table), ("cvt", &cvt)] {
+                        let word = got[(s * 16 + c) * 16 + el / 2];
+                        let g = (word >> (16 * (el % 2))) as u16;
+                        let what = format!("warp {warp} {path} scale {s} byte {} element {}", 16 * c + el / 2, el % 2);
+                        if v.is_nan() {
+                            assert!(bf16::from_bits(g).is_nan(), "{what}: {g:#06x} is not a NaN");
+                        } else {
+                            assert_eq!(g, bf16::from_f32(v).to_bits(), "{what}: {v:e}");
+                        }
                     }
                 }
             }

@@ -31,10 +31,11 @@ K3_DEVICE float bf16_to_f32(bf16 h) {
 }
 
 namespace detail {
-enum MinifloatSpecials { kIeeeSpecials = 0, kNanAllOnes = 1, kUnsignedZeroNan = 2 };
+enum MinifloatSpecials { kIeeeSpecials = 0, kNanAllOnes = 1, kUnsignedZeroNan = 2, kNoSpecials = 3 };
 
 // A small float with E exponent bits, M mantissa bits, exponent bias BIAS and the given use of
-// special encodings (IEEE Inf/NaN; "fn": only S.1111.111 is NaN; "fnuz": 0x80 is the only NaN).
+// special encodings (IEEE Inf/NaN; "fn": only S.1111.111 is NaN; "fnuz": 0x80 is the only NaN;
+// none: every code is finite and a NaN encodes to +0, as E2M1's).
 template <int E, int M, int BIAS, int SPECIALS>
 struct Minifloat {
   static constexpr uint32_t kSign = 1u << (E + M);
@@ -47,6 +48,7 @@ struct Minifloat {
   K3_DEVICE static uint32_t nan_code(uint32_t sign) {
     return SPECIALS == kIeeeSpecials ? sign | (static_cast<uint32_t>(kMaxExpField) << M) | (1u << (M - 1))
            : SPECIALS == kNanAllOnes ? sign | kMag
+           : SPECIALS == kNoSpecials ? 0u
                                      : kSign;
   }
 
@@ -110,6 +112,7 @@ struct Minifloat {
 typedef Minifloat<4, 3, 7, kNanAllOnes> E4M3Fn;
 typedef Minifloat<4, 3, 8, kUnsignedZeroNan> E4M3Fnuz;
 typedef Minifloat<5, 2, 15, kIeeeSpecials> E5M2;
+typedef Minifloat<2, 1, 1, kNoSpecials> E2M1;
 }  // namespace detail
 
 // fp8 e4m3fn (OCP; NVIDIA sm_89+, AMD gfx950): bias 7, max 448, NaN = S.1111.111.
@@ -121,6 +124,8 @@ K3_DEVICE float e4m3fnuz_to_f32(uint8_t c) { return detail::E4M3Fnuz::decode(c);
 // fp8 e5m2 (OCP): bias 15, max 57344, IEEE Inf/NaN; encode saturates Inf to the max finite.
 K3_DEVICE uint8_t f32_to_e5m2(float x) { return detail::E5M2::encode(x); }
 K3_DEVICE float e5m2_to_f32(uint8_t c) { return detail::E5M2::decode(c); }
+// fp4 e2m1 (OCP; MXFP4's elements): the low 4 bits of `c`, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+K3_DEVICE float e2m1_to_f32(uint8_t c) { return detail::E2M1::decode(static_cast<uint8_t>(c & 0xfu)); }
 
 K3_END
 

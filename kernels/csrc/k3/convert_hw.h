@@ -8,6 +8,7 @@
 //   e4m3fn_x2_to_f32        sm_89+: cvt.rn.f16x2.e4m3x2 + 2 cvt.f32.f16; gfx950: v_cvt_pk_f32_fp8
 //   e4m3fnuz_x2_to_f32      gfx942: v_cvt_pk_f32_fp8 (gfx942's fp8 is the fnuz flavour)
 //   e5m2_x2_to_f32          sm_89+: cvt.rn.f16x2.e5m2x2 + 2 cvt.f32.f16; gfx950: v_cvt_pk_f32_bf8
+//   e2m1_x2_to_f32          sm_100a/103a: cvt.rn.f16x2.e2m1x2 (F2FP.F16.E2M1.UNPACK_B) + 2 cvt.f32.f16
 //   *_x2_to_bf16x2          the f32 pair, then its high halves (one v_perm_b32 / PRMT): every fp8
 //                           value is exact in bf16, so truncation is the correctly rounded result
 //   *_x2_to_f16x2           sm_89+: cvt.rn.f16x2.{e4m3,e5m2}x2 alone (every fp8 value is exact in
@@ -17,10 +18,10 @@
 //
 // Packing: two values travel in one 32-bit word, element 0 in the low half (the lower address
 // when stored), as the MMA fragments hold them; fp8 pairs are a 16-bit word, element 0 in the
-// low byte.
+// low byte; fp4 pairs a byte, element 0 in the low nibble.
 //
 // Semantics (what the emulator implements and the tests check bit for bit): results are exactly
-// those of k3/convert.h (round to nearest even for f32 -> bf16; exact decoding for fp8) for
+// those of k3/convert.h (round to nearest even for f32 -> bf16; exact decoding for fp8, fp4) for
 // every non-NaN input. A NaN input gives a NaN whose bits are the target's (PTX returns the
 // canonical NaN, AMD keeps sign and payload, the software path quiets the input): no kernel
 // relies on NaN bits, and the tests check only that a NaN stays a NaN.
@@ -129,6 +130,24 @@ K3_DEVICE f32x2 e5m2_x2_to_f32(uint16_t codes) {
   return f32x2{v[0], v[1]};
 #else
   return f32x2{e5m2_to_f32(static_cast<uint8_t>(codes & 0xffu)), e5m2_to_f32(static_cast<uint8_t>(codes >> 8))};
+#endif
+}
+
+// The fp4 (e2m1) converts: sm_100a and sm_103a (arch-specific PTX; not sm_90a).
+#if K3_TARGET_CUDA && (defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM103_ALL))
+#define K3_HW_E2M1 1
+#else
+#define K3_HW_E2M1 0
+#endif
+
+// The two e2m1 codes of the low byte of `codes` (element 0 in the low nibble) as f32 (exact).
+K3_DEVICE f32x2 e2m1_x2_to_f32(uint32_t codes) {
+#if K3_HW_E2M1
+  uint32_t h;
+  asm("{\n\t.reg .b8 c;\n\tcvt.u8.u32 c, %1;\n\tcvt.rn.f16x2.e2m1x2 %0, c;\n\t}" : "=r"(h) : "r"(codes));
+  return detail::f16x2_to_f32(h);
+#else
+  return f32x2{e2m1_to_f32(static_cast<uint8_t>(codes)), e2m1_to_f32(static_cast<uint8_t>(codes >> 4))};
 #endif
 }
 

@@ -48,8 +48,8 @@
 // activation steps by asynchronous copies (cp.async on sm_80+) into rings in shared memory, the
 // E8M0 bytes and, on AMD, the weights through registers. MXFP4 stays raw in shared memory and is decoded at
 // fragment load (moe_mxfp4.cuh: the e2m1 magnitudes' f32 bytes by table lookups, one multiply by
-// the E8M0 scale, exact, the bf16 value as the product's high half; gfx950's scaled convert where
-// it is exact). Both operands' fragments read k through k3::mma::k_perm, so a lane's B slots are
+// the E8M0 scale, exact, the bf16 value as the product's high half; sm_100a/103a's fp4 convert in
+// place of the lookups; gfx950's scaled convert where it is exact). Both operands' fragments read k through k3::mma::k_perm, so a lane's B slots are
 // adjacent k: one 8-byte load (bf16) or two adjacent code bytes (MXFP4) per fragment. Fragments of
 // 16-row groups without a pair, and column fragments past n, are skipped (warp-uniform tests);
 // a chunk without any pair is skipped whole. Dense and MXFP4 weights reach the MMAs as the same bf16

@@ -1,4 +1,4 @@
-// The packed hardware conversions of k3/convert_hw.h over their whole input space (fp8 pairs)
+// The packed hardware conversions of k3/convert_hw.h over their whole input space (fp8, fp4 pairs)
 // or a list of f32 pairs (bf16 packing), grid-stride.
 #include "k3/compat.h"
 
@@ -32,6 +32,17 @@ K3_KERNEL void convert_hw_fp8_pairs(float* f32, uint32_t* bf16x2, uint32_t* f16x
   }
 }
 K3_EXPORT(convert_hw_fp8_pairs);
+
+// For every fp4 code pair c (one byte, element 0 in the low nibble): f32[2c..2c+2].
+K3_KERNEL void convert_hw_e2m1_pairs(float* f32) {
+  const unsigned stride = k3::grid_dim_x() * k3::block_dim_x();
+  for (unsigned c = k3::block_idx_x() * k3::block_dim_x() + k3::thread_idx_x(); c < 256u; c += stride) {
+    const k3::f32x2 v = k3::e2m1_x2_to_f32(c);
+    f32[2 * c] = v.lo;
+    f32[2 * c + 1] = v.hi;
+  }
+}
+K3_EXPORT(convert_hw_e2m1_pairs);
 
 // out[i] = byte_perm(in[3i], in[3i + 1], in[3i + 2]), grid-stride.
 K3_KERNEL void convert_hw_byte_perm(const uint32_t* in, int n, uint32_t* out) {
