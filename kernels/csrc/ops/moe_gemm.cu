@@ -47,10 +47,11 @@
 // moe_gemm_mma_block: MXFP4 weights 4 steps deep, 3 on AMD; bf16 weights 2): weights and 16-row
 // activation steps by asynchronous copies (cp.async on sm_80+) into rings in shared memory, the
 // E8M0 bytes and, on AMD, the weights through registers. MXFP4 stays raw in shared memory and is decoded at
-// fragment load (moe_mxfp4.cuh: the e2m1 magnitudes' f32 bytes by table lookups, one multiply by
-// the E8M0 scale, exact, the bf16 value as the product's high half; sm_100a/103a's fp4 convert in
-// place of the lookups; gfx950's scaled convert where it is exact). Both operands' fragments read k through k3::mma::k_perm, so a lane's B slots are
-// adjacent k: one 8-byte load (bf16) or two adjacent code bytes (MXFP4) per fragment. Fragments of
+// fragment load (moe_mxfp4.cuh: the e2m1 magnitudes' f32 bytes by table lookups, or sm_100a/103a's
+// fp4 convert, one multiply by the E8M0 scale, exact, the bf16 value as the product's high half;
+// gfx950's scaled convert where it is exact). Both operands' fragments read k through
+// k3::mma::k_perm, so a lane's B slots are adjacent k: one 8-byte load (bf16) or two adjacent
+// code bytes (MXFP4) per fragment. Fragments of
 // 16-row groups without a pair, and column fragments past n, are skipped (warp-uniform tests);
 // a chunk without any pair is skipped whole. Dense and MXFP4 weights reach the MMAs as the same bf16
 // operands in the same order, so MXFP4 results equal the bf16 twin's bit for bit.

@@ -21,33 +21,36 @@ K3_DEVICE float e8m0_f32(uint32_t s) {
   return k3::uint_as_float(s == 255u ? 0x7fc00000u : bits);
 }
 
-// Two E2M1 codes (the low 8 bits of `byte`, element 0 in the low nibble) times the block scale
-// as a bf16 pair (element 0 in the low half): e2m1 x 2^(S-127) is exact in f32 and in bf16, so
-// the product's high half is the bf16 value.
-// mxfp4_byte_to_bf16x2_cvt: the codes' f32 from k3::e2m1_x2_to_f32, one hardware convert on
-// sm_100a/103a (6 instructions per byte there: the convert, two f16 -> f32, two multiplies, one
-// permute), its software decode elsewhere; the emulator checks it against the table path below
-// for every code and scale byte (moe_mxfp4_decode_all).
-K3_DEVICE uint32_t mxfp4_byte_to_bf16x2_cvt(uint32_t byte, float s) {
-  const k3::f32x2 v = k3::e2m1_x2_to_f32(byte);
-  return k3::detail::high_halves(v.lo * s, v.hi * s);
-}
-
-// mxfp4_byte_to_bf16x2: the hardware convert where there is one (K3_HW_E2M1), else the
-// magnitudes from two table lookups shared by both codes (the nibbles' low 3 bits index the
-// pools), their f32 words from two more byte permutes (bytes 2 and 3 of the lookups are pool
-// byte 0 = 0), the signs from one OR each: 12 instructions per byte on sm_90a, 14 on gfx942,
-// where computing the bits arithmetically (shifts, a compare and a select per code) took 20.
-K3_DEVICE uint32_t mxfp4_byte_to_bf16x2(uint32_t byte, float s) {
-#if K3_HW_E2M1
-  return mxfp4_byte_to_bf16x2_cvt(byte, s);
-#else
+// The two E2M1 codes of the low byte of `byte` (element 0 in the low nibble) as f32 by table
+// lookups: the magnitudes from two lookups shared by both codes (the nibbles' low 3 bits index
+// the pools), their f32 words from two more byte permutes (bytes 2 and 3 of the lookups are pool
+// byte 0 = 0), the signs from one OR each. The same values as k3::e2m1_x2_to_f32's software
+// decode, in fewer instructions.
+K3_DEVICE k3::f32x2 e2m1_x2_by_lookup(uint32_t byte) {
   const uint32_t idx = byte & 0x77u;
   const uint32_t top = k3::byte_perm(kE2m1Top[0], kE2m1Top[1], idx);  // top(m0), top(m1), 0, 0
   const uint32_t mid = k3::byte_perm(kE2m1Mid[0], kE2m1Mid[1], idx);  // mid(m0), mid(m1), 0, 0
   const uint32_t lo = k3::byte_perm(mid, top, 0x4022u) | ((byte & 0x08u) << 28);
   const uint32_t hi = k3::byte_perm(mid, top, 0x5122u) | ((byte & 0x80u) << 24);
-  return k3::detail::high_halves(k3::uint_as_float(lo) * s, k3::uint_as_float(hi) * s);
+  return k3::f32x2{k3::uint_as_float(lo), k3::uint_as_float(hi)};
+}
+
+// An E2M1 pair as f32 times the block scale as a bf16 pair (element 0 in the low half):
+// e2m1 x 2^(S-127) is exact in f32 and in bf16, so the product's high half is the bf16 value.
+K3_DEVICE uint32_t mxfp4_scaled_bf16x2(k3::f32x2 v, float s) { return k3::detail::high_halves(v.lo * s, v.hi * s); }
+
+// Two E2M1 codes (the low 8 bits of `byte`, element 0 in the low nibble) times the block scale
+// as a bf16 pair. Where the target converts fp4 (K3_HW_E2M1: sm_100a/103a) the codes' f32 come
+// from k3::e2m1_x2_to_f32 (mxfp4_byte_to_bf16x2_cvt: 6 instructions per byte there, the convert,
+// two f16 -> f32, two multiplies, one permute), elsewhere from the lookups (12 instructions per
+// byte on sm_90a, 14 on gfx942, where computing the bits arithmetically took 20). The emulator
+// runs both forms for every code and scale byte (tests/moe_mxfp4.cu).
+K3_DEVICE uint32_t mxfp4_byte_to_bf16x2_cvt(uint32_t byte, float s) { return mxfp4_scaled_bf16x2(k3::e2m1_x2_to_f32(byte), s); }
+K3_DEVICE uint32_t mxfp4_byte_to_bf16x2(uint32_t byte, float s) {
+#if K3_HW_E2M1
+  return mxfp4_byte_to_bf16x2_cvt(byte, s);
+#else
+  return mxfp4_scaled_bf16x2(e2m1_x2_by_lookup(byte), s);
 #endif
 }
 
