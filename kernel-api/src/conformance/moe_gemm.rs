@@ -346,6 +346,10 @@ pub fn moe_gemm_bf16_matches_dense_reference<B: Backend + MoeAlign + MoeGroupedG
         // and 2 simt32 workers, 3 at simt64), bf16 act and outputs (the reduce's one 8-byte store
         // per 4 columns).
         Cfg { act_dt: DType::BF16, out_dt: DType::BF16, ..cfg(1, 320, 36, 8, 1, 16) },
+        // More splits than the reduce loads at once (8): gate/up over k = 704 (11 steps), down
+        // over k = 576 (9): 11 and 9 splits on the stand-ins' cards, a full group of 8 and a
+        // partial one, whose past-the-end rows are loaded but must not be added.
+        Cfg { act_dt: DType::BF16, ..cfg(1, 704, 576, 8, 1, 16) },
         // Expert maps on every GPU kernel: the pairs of other ranks' experts are listed after the
         // runs and their rows zeroed by the 16-row MMA kernels (split over k or not, as the
         // device's units decide; the MXFP4 twin below splits on 2+ units), by the 64-row MMA
@@ -466,7 +470,10 @@ pub fn moe_combine_matches_f64_sum<B: Backend + MoeCombine>(b: &B) {
         &[(7, 3, 20, DType::F32), (5, 16, 33, DType::BF16), (1, 1, 4, DType::F32), (0, 4, 8, DType::BF16),
           // Several column tiles of the GPU kernel (1024 columns each) with a tail: 16-byte rows
           // (hidden % 4 == 0) and rows read per column (hidden % 4 == 2).
-          (3, 4, 2052, DType::F32), (2, 16, 1030, DType::BF16)]
+          (3, 4, 2052, DType::F32), (2, 16, 1030, DType::BF16),
+          // 16-byte rows with more slots than the kernel loads at once (8): a full group and a
+          // partial one.
+          (2, 11, 1028, DType::F32)]
     {
         let y = rng.normals(tokens * top_k * hidden, 1.0);
         let out = run_combine(b, tokens, top_k, hidden, &y, dt).expect("combine");

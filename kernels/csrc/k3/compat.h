@@ -98,15 +98,6 @@ typedef short int16_t;
 #define K3_NO_UNROLL _Pragma("unroll 1")
 #endif
 
-// K3_AMD_UNROLL2 unrolls a runtime-count loop by two on AMD only, to keep two iterations' loads in
-// flight: clang leaves such a loop rolled on its own, while nvcc unrolls it further by itself
-// (a pragma there would only cap that).
-#if K3_TARGET_HIP
-#define K3_AMD_UNROLL2 _Pragma("unroll 2")
-#else
-#define K3_AMD_UNROLL2
-#endif
-
 // K3_AMD_INLINE forces a device helper inline on AMD: clang may call a large helper out of line,
 // and every such call goes through a scratch stack (arguments and callee-saved registers around
 // s_swappc). nvcc inlines these helpers already, and the SIMT build has no use for it.

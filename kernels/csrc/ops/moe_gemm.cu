@@ -918,6 +918,40 @@ K3_KERNEL MOE_MMA_SPLIT_BOUNDS void moe_gemm_grouped_m16_splitk_mma(
 }
 K3_EXPORT(moe_gemm_grouped_m16_splitk_mma);
 
+// Rows (4 floats of each at this thread's columns) that sum_rows_in_order loads before adding
+// any: every load of a group is issued with no condition (a row index past the last one reads
+// the last row again, which is not added), so all of them are in flight together. A rolled loop
+// (clang's choice on AMD) waited for each row before issuing the next. 8 covers, in one round
+// trip, the split counts kernels/src/ops/moe_gemm.rs picks for K3's gate-up GEMM at batch 1
+// (4 on H200, 6 on B300 and MI300X; MI355X's 10 takes two), and half of K3's 16 top-k slots.
+constexpr int kSumRowsInFlight = 8;
+
+// a += rows 0 .. count - 1 in ascending order, row z's 4 floats at src + z * stride;
+// kPair: b += the 4 floats `second` floats after each (the split-k reduce's up half).
+template <bool kPair>
+K3_DEVICE void sum_rows_in_order(const float* src, int count, int64_t stride, int64_t second, k3::f32x4& a, k3::f32x4& b) {
+  for (int z0 = 0; z0 < count; z0 += kSumRowsInFlight) {
+    k3::f32x4 av[kSumRowsInFlight], bv[kSumRowsInFlight];
+    const float* at = src + z0 * stride;
+    K3_UNROLL
+    for (int i = 0; i < kSumRowsInFlight; ++i) {
+      av[i] = k3::load_f32x4(at);
+      if constexpr (kPair) bv[i] = k3::load_f32x4(at + second);
+      if (z0 + i + 1 < count) at += stride;
+    }
+    // A select, not a branch: behind a branch the compiler sinks the loads of the rows past it.
+    K3_UNROLL
+    for (int i = 0; i < kSumRowsInFlight; ++i) {
+      const bool live = z0 + i < count;  // uniform
+      K3_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        a.v[c] = live ? a.v[c] + av[i].v[c] : a.v[c];
+        if constexpr (kPair) b.v[c] = live ? b.v[c] + bv[i].v[c] : b.v[c];
+      }
+    }
+  }
+}
+
 // The split-k reduction: for every row of a served M-block (the same walk and checks as the
 // GEMM) and output column, the splits' raw accumulators summed in ascending split order (fixed:
 // the result is deterministic), then the GEMM's epilogue and one rounding; the rows of an
@@ -950,14 +984,10 @@ K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const in
     if (p < 0) continue;
     const float* src = partial + p * width + j0;
     k3::f32x4 g = {{0.0f, 0.0f, 0.0f, 0.0f}}, u = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    for (int z = 0; z < splits; ++z) {
-      const k3::f32x4 gv = k3::load_f32x4(src + z * split_stride);
-      const k3::f32x4 uv = gate_up ? k3::load_f32x4(src + z * split_stride + pitch) : gv;
-      K3_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        g.v[c] += gv.v[c];
-        if (gate_up) u.v[c] += uv.v[c];
-      }
+    if (gate_up) {  // uniform; one loop per stage: a load taken on one path only would be waited for at the merge
+      sum_rows_in_order<true>(src, splits, split_stride, pitch, g, u);
+    } else {
+      sum_rows_in_order<false>(src, splits, split_stride, 0, g, u);
     }
     const float w = gate_up ? 0.0f : topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
     k3::f32x4 v;
@@ -992,12 +1022,8 @@ K3_KERNEL void moe_combine_sum(const float* y, int64_t y_s0, int64_t y_s1, void*
     if (vec) {
       const int j = j0 + 4 * tid;
       if (j >= j_end) continue;
-      k3::f32x4 acc = {{0.0f, 0.0f, 0.0f, 0.0f}};
-      K3_AMD_UNROLL2
-      for (int s = 0; s < top_k; ++s) {
-        const k3::f32x4 v = k3::load_f32x4(rows + s * y_s0 + j);
-        for (int i = 0; i < 4; ++i) acc.v[i] += v.v[i];
-      }
+      k3::f32x4 acc = {{0.0f, 0.0f, 0.0f, 0.0f}}, unused;
+      sum_rows_in_order<false>(rows + j, top_k, y_s0, 0, acc, unused);
       if (vec_out) {
         k3::store_f32x4(out, out_dt, t * out_s0 + j, acc);
       } else {
