@@ -996,7 +996,12 @@ K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const in
     if (vec_out) {
       k3::store_f32x4(out, out_dt, p * out_s0 + j0, v);
     } else {
-      for (int c = 0; c < cols; ++c) k3::store_f32(out, out_dt, p * out_s0 + (j0 + c) * out_s1, v.v[c]);
+      for (int c = 0; c < cols; ++c) {
+        // Selects, not v.v[c]: indexed at run time, v went to LDS on AMD (16 KiB, a slot per
+        // thread of a 1024-thread block).
+        const float x = c == 0 ? v.v[0] : (c == 1 ? v.v[1] : (c == 2 ? v.v[2] : v.v[3]));
+        k3::store_f32(out, out_dt, p * out_s0 + (j0 + c) * out_s1, x);
+      }
     }
   }
 }
