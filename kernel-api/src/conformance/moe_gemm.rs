@@ -350,6 +350,9 @@ pub fn moe_gemm_bf16_matches_dense_reference<B: Backend + MoeAlign + MoeGroupedG
         // over k = 576 (9): 11 and 9 splits on the stand-ins' cards, a full group of 8 and a
         // partial one, whose past-the-end rows are loaded but must not be added.
         Cfg { act_dt: DType::BF16, ..cfg(1, 704, 576, 8, 1, 16) },
+        // Several live rows per 16-row M-block (6 pairs per expert), split over k on 2+ units
+        // (2 splits on simt32): the reduce takes each row's pair from its staged sorted id.
+        Cfg { act_dt: DType::BF16, ..cfg(6, 256, 32, 2, 2, 16) },
         // Expert maps on every GPU kernel: the pairs of other ranks' experts are listed after the
         // runs and their rows zeroed by the 16-row MMA kernels (split over k or not, as the
         // device's units decide; the MXFP4 twin below splits on 2+ units), by the 64-row MMA

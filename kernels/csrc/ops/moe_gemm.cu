@@ -151,16 +151,21 @@ K3_DEVICE int moe_block_expert(int blk, int block_m, const int* num_post_padded,
 
 // The pair of row `row` of M-block `blk`; -1 for the padding sentinel, a row past the block, or
 // an entry outside [0, pairs] (reported through err).
-K3_DEVICE int moe_row_pair(const int* sorted, int64_t sorted_s0, int blk, int block_m, int row, int pairs,
-                           k3::ErrorRecord* err) {
-  if (row >= block_m) return -1;
-  const int64_t i = static_cast<int64_t>(blk) * block_m + row;
-  const int p = sorted[i * sorted_s0];
+// The pair of entry i of sorted_token_ids, whose value is p; -1 for the padding sentinel or a
+// value outside [0, pairs] (reported through err).
+K3_DEVICE int moe_entry_pair(int64_t i, int p, int pairs, k3::ErrorRecord* err) {
   if (p < 0 || p > pairs) {
     k3::record_violation(err, k3::kCheckMoeGemmSortedTokenIds, k3::kCheckRange, i, -1, p, 0, static_cast<int64_t>(pairs) + 1);
     return -1;
   }
   return p < pairs ? p : -1;
+}
+
+K3_DEVICE int moe_row_pair(const int* sorted, int64_t sorted_s0, int blk, int block_m, int row, int pairs,
+                           k3::ErrorRecord* err) {
+  if (row >= block_m) return -1;
+  const int64_t i = static_cast<int64_t>(blk) * block_m + row;
+  return moe_entry_pair(i, sorted[i * sorted_s0], pairs, err);
 }
 
 // Rows of M-block `blk` when the block has no expert (moe_block_expert returned -1): the
@@ -952,6 +957,10 @@ K3_DEVICE void sum_rows_in_order(const float* src, int count, int64_t stride, in
   }
 }
 
+// Rows of an M-block whose sorted ids the split-k reduce stages in shared memory: the whole
+// block at every block_m it runs at (the split GEMM's, <= 16; the launcher refuses more).
+constexpr int kReduceStagedRows = 16;
+
 // The split-k reduction: for every row of a served M-block (the same walk and checks as the
 // GEMM) and output column, the splits' raw accumulators summed in ascending split order (fixed:
 // the result is deterministic), then the GEMM's epilogue and one rounding; the rows of an
@@ -967,8 +976,22 @@ K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const in
                                       int experts, int block_m, int n, int max_padded, int gate_up, float beta,
                                       float linear_beta, k3::ErrorRecord* err) {
   const int blk = static_cast<int>(k3::block_idx_x());
+  const int tid = static_cast<int>(k3::thread_idx_x());
   const int j0 = 4 * static_cast<int>(k3::block_idx_y() * k3::block_dim_x() + k3::thread_idx_x());
+  // The rows' sorted ids, staged in shared memory one per thread and read together (checked per
+  // row below, as moe_row_pair would): read in the row loop, each row's id waited for the
+  // previous row's, a chain of block_m round trips per block at decode, where most rows are
+  // padding. The reads go out before the block's expert is read. In bounds: the grid has at most
+  // max_padded / block_m blocks (the launcher's M-blocks), and the index is clamped to
+  // sorted_token_ids' length. Every thread loads (the others row 0's id): no branch around the
+  // load, so the expert's reads go out while it is in flight.
+  K3_SHARED(int, staged_ids, [kReduceStagedRows]);
+  const bool stager = tid < kReduceStagedRows && tid < block_m;
+  const int64_t staged_i = static_cast<int64_t>(blk) * block_m + (stager ? tid : 0);
+  const int staged = sorted[(staged_i < max_padded ? staged_i : max_padded - 1) * sorted_s0];
   const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
+  if (stager) staged_ids[tid] = staged;
+  k3::sync_threads();
   if (j0 >= n) return;
   const int cols = n - j0 < 4 ? n - j0 : 4;
   if (e < 0) {
@@ -979,17 +1002,19 @@ K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const in
   const int64_t width = gate_up ? 2 * pitch : pitch;
   const int64_t split_stride = static_cast<int64_t>(pairs) * width;
   const bool vec_out = cols == 4 && out_s1 == 1 && out_s0 % 4 == 0 && k3::aligned16(out);
-  for (int r = 0; r < block_m; ++r) {
-    const int p = moe_row_pair(sorted, sorted_s0, blk, block_m, r, pairs, err);
+  const int rows = block_m < kReduceStagedRows ? block_m : kReduceStagedRows;  // block_m <= 16: checked by the launcher
+  for (int r = 0; r < rows; ++r) {
+    const int p = moe_entry_pair(static_cast<int64_t>(blk) * block_m + r, staged_ids[r], pairs, err);
     if (p < 0) continue;
     const float* src = partial + p * width + j0;
     k3::f32x4 g = {{0.0f, 0.0f, 0.0f, 0.0f}}, u = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    float w = 0.0f;
     if (gate_up) {  // uniform; one loop per stage: a load taken on one path only would be waited for at the merge
       sum_rows_in_order<true>(src, splits, split_stride, pitch, g, u);
     } else {
+      w = topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];  // read with the partials (it needs p only)
       sum_rows_in_order<false>(src, splits, split_stride, 0, g, u);
     }
-    const float w = gate_up ? 0.0f : topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
     k3::f32x4 v;
     K3_UNROLL
     for (int c = 0; c < 4; ++c) v.v[c] = gate_up ? k3::situ_glu_f32(g.v[c], u.v[c], beta, linear_beta) : g.v[c] * w;

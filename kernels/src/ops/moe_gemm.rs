@@ -43,6 +43,9 @@ const TILE_N: usize = 64;
 const STEP_K: usize = 64;
 /// Most k splits of one GEMM.
 const MAX_SPLITS: usize = 16;
+/// Most rows per M-block of the split-k reduce, which stages a block's sorted ids in shared
+/// memory (`kReduceStagedRows` in moe_gemm.cu); [`split_k`] splits only at `block_m` <= 16.
+const REDUCE_STAGED_ROWS: usize = 16;
 
 /// Resident blocks per SM / CU of `moe_gemm_grouped_m16_splitk_mma` on the report's targets:
 /// the occupancy that benches/kernel-resources.json derives from the compiled binaries
@@ -212,6 +215,9 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         let vector_rows = p.k % 8 == 0 && rows_16b(in_ptr, inp) && rows_16b(w_ptr, w);
         let mma = uses_mma(p, inp.dtype, w.dtype) && vector_rows;
         let (splits, k_chunk) = if mma { split_k(plan, self.device_info()) } else { (1, p.k) };
+        if splits > 1 && r.block_m > REDUCE_STAGED_ROWS {
+            return Err(Error::unsupported("params.routing.block_m", "the split-k reduce takes M-blocks of at most 16 rows"));
+        }
         let partial = match (splits > 1, ws.as_deref()) {
             (true, Some(buf)) => self.ptr(buf, &Layout::contiguous(DType::F32, &[0])),
             (true, None) => return Err(Error::invalid("workspace", "the split-k partial sums need the plan's workspace")),
