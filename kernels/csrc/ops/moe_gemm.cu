@@ -149,8 +149,6 @@ K3_DEVICE int moe_block_expert(int blk, int block_m, const int* num_post_padded,
   return e;
 }
 
-// The pair of row `row` of M-block `blk`; -1 for the padding sentinel, a row past the block, or
-// an entry outside [0, pairs] (reported through err).
 // The pair of entry i of sorted_token_ids, whose value is p; -1 for the padding sentinel or a
 // value outside [0, pairs] (reported through err).
 K3_DEVICE int moe_entry_pair(int64_t i, int p, int pairs, k3::ErrorRecord* err) {
@@ -161,6 +159,8 @@ K3_DEVICE int moe_entry_pair(int64_t i, int p, int pairs, k3::ErrorRecord* err) 
   return p < pairs ? p : -1;
 }
 
+// The pair of row `row` of M-block `blk`; -1 for the padding sentinel, a row past the block, or
+// an entry outside [0, pairs] (reported through err).
 K3_DEVICE int moe_row_pair(const int* sorted, int64_t sorted_s0, int blk, int block_m, int row, int pairs,
                            k3::ErrorRecord* err) {
   if (row >= block_m) return -1;
