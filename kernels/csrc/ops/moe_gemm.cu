@@ -168,16 +168,29 @@ K3_DEVICE int moe_row_pair(const int* sorted, int64_t sorted_s0, int blk, int bl
   return moe_entry_pair(i, sorted[i * sorted_s0], pairs, err);
 }
 
-// Rows of M-block `blk` when the block has no expert (moe_block_expert returned -1): the
-// align op puts the pairs no expert serves (dropped by an expert map, or with an invalid id)
-// right after the served runs, packed, so the entries before the block's first sentinel are such
-// pairs; columns j, j + j_step, ... < j_end of their rows are written as zeros. Uniform per
-// block (every thread reads the same entries): no barrier is needed, none is crossed.
-K3_DEVICE void moe_zero_unserved_rows(const int* sorted, int64_t sorted_s0, int blk, int block_m, int pairs,
-                                      void* out, int out_dt, int64_t out_s0, int64_t out_s1, int j, int j_end,
-                                      int j_step, k3::ErrorRecord* err) {
-  for (int r = 0; r < block_m; ++r) {
-    const int p = moe_row_pair(sorted, sorted_s0, blk, block_m, r, pairs, err);
+// The sorted id of row `row` of M-block `blk` (the split-k reduce and the 16-row GEMMs read a
+// block's ids once, one per thread, then check them with moe_entry_pair). Every thread of the
+// block loads, with no branch around the load (a thread that needs no id passes row 0), so the
+// block's expert-id reads go out while it is in flight. In bounds: the grid has at most
+// max_padded / block_m M-blocks (the launcher's), and the index is clamped to sorted_token_ids'
+// length.
+K3_DEVICE int moe_read_row_id(const int* sorted, int64_t sorted_s0, int blk, int block_m, int row, int max_padded) {
+  const int64_t i = static_cast<int64_t>(blk) * block_m + row;
+  return sorted[(i < max_padded ? i : max_padded - 1) * sorted_s0];
+}
+
+// Rows of an M-block when the block has no expert (moe_block_expert returned -1): the align op
+// puts the pairs no expert serves (dropped by an expert map, or with an invalid id) right after
+// the served runs, packed, so the entries before the block's first sentinel are such pairs;
+// columns j, j + j_step, ... < j_end of their rows are written as zeros. row_id(r) is the sorted
+// id of the block's row r (entry first + r of sorted_token_ids, or where a kernel staged it),
+// r < rows. Uniform over the threads that call it (all read the same ids).
+template <class RowId>
+K3_DEVICE void moe_zero_unserved_rows(RowId row_id, int64_t first, int rows, int pairs, void* out, int out_dt,
+                                      int64_t out_s0, int64_t out_s1, int j, int j_end, int j_step,
+                                      k3::ErrorRecord* err) {
+  for (int r = 0; r < rows; ++r) {
+    const int p = moe_entry_pair(first + r, row_id(r), pairs, err);
     if (p < 0) return;
     for (int c = j; c < j_end; c += j_step) k3::store_f32(out, out_dt, p * out_s0 + c * out_s1, 0.0f);
   }
@@ -189,13 +202,15 @@ K3_DEVICE void moe_zero_unserved_rows(const int* sorted, int64_t sorted_s0, int 
 // The launcher sizes the workspace with the same rounding (kernels/src/ops/moe_gemm.rs).
 K3_DEVICE int64_t moe_partial_pitch(int n) { return (static_cast<int64_t>(n) + 3) & ~static_cast<int64_t>(3); }
 
-// moe_zero_unserved_rows over the block's column tile [n0, min(n0 + kMoeBN, n)).
-K3_DEVICE void moe_zero_unserved_tile(const int* sorted, int64_t sorted_s0, int blk, int block_m, int pairs,
-                                      void* out, int out_dt, int64_t out_s0, int64_t out_s1, int n0, int n,
-                                      k3::ErrorRecord* err) {
+// moe_zero_unserved_rows over the block's column tile [n0, min(n0 + kMoeBN, n)), the ids read
+// from sorted_token_ids.
+K3_DEVICE void moe_zero_unserved_tile(const int* sorted, int64_t sorted_s0, int blk, int block_m, int pairs, void* out,
+                                      int out_dt, int64_t out_s0, int64_t out_s1, int n0, int n, k3::ErrorRecord* err) {
+  const int64_t first = static_cast<int64_t>(blk) * block_m;
   const int end = n0 + kMoeBN < n ? n0 + kMoeBN : n;
-  moe_zero_unserved_rows(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1,
-                         n0 + static_cast<int>(k3::thread_idx_x()), end, static_cast<int>(k3::block_dim_x()), err);
+  moe_zero_unserved_rows([&](int r) { return sorted[(first + r) * sorted_s0]; }, first, block_m, pairs, out, out_dt,
+                         out_s0, out_s1, n0 + static_cast<int>(k3::thread_idx_x()), end,
+                         static_cast<int>(k3::block_dim_x()), err);
 }
 
 }  // namespace
@@ -586,8 +601,14 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   const uint8_t* sc_e = scale != nullptr ? scale + e * sc_s0 : nullptr;
   const int steps = (k_end - k_begin + kMmaBK - 1) / kMmaBK;
 
-  for (int m0 = 0; m0 < block_m; m0 += kRM) {
-    if (tid < kRM) {
+  // The 16-row kernels run one chunk (their launcher sends block_m <= 16), whose rows the kernel
+  // staged before the block (moe_gemm_mma_kernel); the 64-row kernel stages each chunk's here.
+  // The bound says "once" to the compiler: as min(block_m, 16) the loop kept state live across
+  // its back edge (sm_90a: 128 registers and 32 B of stack in the 16-row kernel, 118 and none).
+  constexpr bool kRowsStaged = kRM == kMmaSmallRM;
+  const int m_end = kRowsStaged ? 1 : block_m;
+  for (int m0 = 0; m0 < m_end; m0 += kRM) {
+    if (!kRowsStaged && tid < kRM) {
       const int p = moe_row_pair(sorted, sorted_s0, blk, block_m, m0 + tid, pairs, err);
       row_pair[tid] = p;
       row_in[tid] = p < 0 ? -1 : (kGateUp ? p / top_k : p);
@@ -819,14 +840,38 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
   K3_SHARED(MoeMmaShared, sh_block, [1]);
   MoeMmaShared& sh = sh_block[0];
   const int blk = static_cast<int>(k3::block_idx_x());
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int64_t first = static_cast<int64_t>(blk) * block_m;
+  // The 16-row kernels (decode; block_m <= 16, one row chunk) read their rows' sorted ids before
+  // the block's expert id, so the two round trips overlap (in the block's chunk loop the ids
+  // waited for the expert): lane i of every warp reads row i's id (row 0's past the rows).
+  constexpr bool kRowsRead = kRM == kMmaSmallRM;
+  const int rows = block_m < kRM ? block_m : kRM;
+  const int lane = tid % k3::kWarpSize;
+  const bool reader = kRowsRead && tid < rows;
+  const int id = kRowsRead ? moe_read_row_id(sorted, sorted_s0, blk, block_m, lane < rows ? lane : 0, max_padded) : 0;
   const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
   if (e < 0) {
     // The split GEMM leaves its unserved rows to moe_gemm_splitk_reduce.
     if constexpr (!kSplit) {
-      moe_zero_unserved_tile(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1,
-                             static_cast<int>(k3::block_idx_y()) * kMoeBN, n, err);
+      const int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN;
+      if constexpr (kRowsRead) {
+        // The ids from the lanes that read them (a cold path: pairs an expert map drops).
+        moe_zero_unserved_rows([&](int r) { return k3::shfl(id, r); }, first, rows, pairs, out, out_dt, out_s0, out_s1,
+                               n0 + tid, n0 + kMoeBN < n ? n0 + kMoeBN : n, static_cast<int>(k3::block_dim_x()), err);
+      } else {
+        moe_zero_unserved_tile(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1, n0, n, err);
+      }
     }
     return;
+  }
+  if (kRowsRead && tid < kRM) {
+    // The block's rows (moe_gemm_mma_block's chunk loop, whose barrier orders these stores):
+    // pair (checked), input row, Down's router weight.
+    const int p = reader ? moe_entry_pair(first + tid, id, pairs, err) : -1;
+    sh.row_pair[tid] = p;
+    sh.row_in[tid] = p < 0 ? -1 : (gate_up ? p / top_k : p);
+    sh.row_w[tid] = p < 0 || gate_up ? 0.0f : topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
   }
   int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN, k_begin = 0, k_end = k;
   float* part = nullptr;
@@ -981,30 +1026,28 @@ K3_KERNEL void moe_gemm_splitk_reduce(const float* partial, int splits, const in
   // The rows' sorted ids, staged in shared memory one per thread and read together (checked per
   // row below, as moe_row_pair would): read in the row loop, each row's id waited for the
   // previous row's, a chain of block_m round trips per block at decode, where most rows are
-  // padding. The reads go out before the block's expert is read. In bounds: the grid has at most
-  // max_padded / block_m blocks (the launcher's M-blocks), and the index is clamped to
-  // sorted_token_ids' length. Every thread loads (the others row 0's id): no branch around the
-  // load, so the expert's reads go out while it is in flight.
+  // padding. The reads go out before the block's expert is read (moe_read_row_id).
   K3_SHARED(int, staged_ids, [kReduceStagedRows]);
-  const bool stager = tid < kReduceStagedRows && tid < block_m;
-  const int64_t staged_i = static_cast<int64_t>(blk) * block_m + (stager ? tid : 0);
-  const int staged = sorted[(staged_i < max_padded ? staged_i : max_padded - 1) * sorted_s0];
+  const int rows = block_m < kReduceStagedRows ? block_m : kReduceStagedRows;  // block_m <= 16: checked by the launcher
+  const bool stager = tid < rows;
+  const int staged = moe_read_row_id(sorted, sorted_s0, blk, block_m, stager ? tid : 0, max_padded);
   const int e = moe_block_expert(blk, block_m, num_post_padded, max_padded, expert_ids, eid_s0, experts, err);
   if (stager) staged_ids[tid] = staged;
   k3::sync_threads();
   if (j0 >= n) return;
   const int cols = n - j0 < 4 ? n - j0 : 4;
+  const int64_t first = static_cast<int64_t>(blk) * block_m;
   if (e < 0) {
-    moe_zero_unserved_rows(sorted, sorted_s0, blk, block_m, pairs, out, out_dt, out_s0, out_s1, j0, j0 + cols, 1, err);
+    moe_zero_unserved_rows([&](int r) { return staged_ids[r]; }, first, rows, pairs, out, out_dt, out_s0, out_s1, j0,
+                           j0 + cols, 1, err);
     return;
   }
   const int64_t pitch = moe_partial_pitch(n);
   const int64_t width = gate_up ? 2 * pitch : pitch;
   const int64_t split_stride = static_cast<int64_t>(pairs) * width;
   const bool vec_out = cols == 4 && out_s1 == 1 && out_s0 % 4 == 0 && k3::aligned16(out);
-  const int rows = block_m < kReduceStagedRows ? block_m : kReduceStagedRows;  // block_m <= 16: checked by the launcher
   for (int r = 0; r < rows; ++r) {
-    const int p = moe_entry_pair(static_cast<int64_t>(blk) * block_m + r, staged_ids[r], pairs, err);
+    const int p = moe_entry_pair(first + r, staged_ids[r], pairs, err);
     if (p < 0) continue;
     const float* src = partial + p * width + j0;
     k3::f32x4 g = {{0.0f, 0.0f, 0.0f, 0.0f}}, u = {{0.0f, 0.0f, 0.0f, 0.0f}};
