@@ -547,7 +547,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
                                              int64_t tw_s1, void* out, int out_dt, int64_t out_s0, int64_t out_s1,
                                              int pairs, int top_k, int block_m, int n0, int k_begin, int k_end,
                                              int n, float beta, float linear_beta, int mxfp8, float* partial,
-                                             k3::ErrorRecord* err) {
+                                             float late_w, k3::ErrorRecord* err) {
   using namespace k3::mma;
   static_assert(S::M == 16, "row groups of 16 are fragment rows");
   // The 4 warps tile the kRM x kMoeBN chunk: 2x2 of 32x32 at 64 rows, 1x4 of 16x16 at 16 rows,
@@ -773,6 +773,12 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       }
       if (!kAsyncA || kRegW) k3::sync_threads();  // the single tiles are consumed before the next store
     }
+    if constexpr (kRowsStaged && !kGateUp && !kSplit) {
+      // The router weights the kernel's threads 0..15 loaded before the block (late_w), stored
+      // only now: the epilogue is their one use, so their load ran under the pipeline.
+      if (tid < kRM) row_w[tid] = late_w;
+      k3::sync_threads();
+    }
 
     // Epilogue from the fragments: the gate and up accumulators of a slot share (row, col).
     // Split over k: the raw accumulators go to this split's partial rows (gate at col, up at
@@ -865,13 +871,16 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
     }
     return;
   }
+  // The block's rows (moe_gemm_mma_block's chunk loop, whose barrier orders these stores): pair
+  // (checked) and input row. The unsplit down stage's router weight (the split twin's reduce
+  // applies it) is loaded here and stored by the block after its k loop, the weight's only use
+  // being the epilogue: its round trip runs under the pipeline instead of before it.
+  float late_w = 0.0f;
   if (kRowsRead && tid < kRM) {
-    // The block's rows (moe_gemm_mma_block's chunk loop, whose barrier orders these stores):
-    // pair (checked), input row, Down's router weight.
     const int p = reader ? moe_entry_pair(first + tid, id, pairs, err) : -1;
     sh.row_pair[tid] = p;
     sh.row_in[tid] = p < 0 ? -1 : (gate_up ? p / top_k : p);
-    sh.row_w[tid] = p < 0 || gate_up ? 0.0f : topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
+    if (!kSplit && !gate_up && p >= 0) late_w = topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
   }
   int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN, k_begin = 0, k_end = k;
   float* part = nullptr;
@@ -890,7 +899,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
   moe_gemm_mma_block<k3::mma::Bf16Shape, kGateUp, kRM, kSplit, kMx>(                                                \
       sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0, topk_weights, tw_s0, \
       tw_s1, out, out_dt, out_s0, out_s1, pairs, top_k, block_m, n0, k_begin, k_end, n, beta, linear_beta, mxfp8,  \
-      part, err)
+      part, late_w, err)
   if (gate_up) {
     if (scale != nullptr) {
       MOE_MMA_BLOCK(true, true);
