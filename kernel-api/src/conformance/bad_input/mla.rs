@@ -212,6 +212,30 @@ pub fn mla_decode_device_block_table_out_of_range<B: Backend + MlaDecode>(b: &B)
     }
 }
 
+/// A bad block-table entry beyond the first 256 pages of one block's keys: the GPU kernels check
+/// an item's pages in passes of the block's threads (reading each thread's next entry ahead), so
+/// only a sequence of more pages than a block has threads, in one split or one work item, reaches
+/// the second and third passes. 600 one-token pages; entries 300 and 599 (pages 44 and 88 of the
+/// later passes at 256 threads).
+pub fn mla_decode_device_block_table_in_a_later_pass<B: Backend + MlaDecode>(b: &B) {
+    let mut rng = TestRng::new(0x5203);
+    let c = PagedCase::new(&mut rng, KvCacheFormat::Bf16, DIMS, 1, &[600], 1.0);
+    let one_block = [
+        (MlaDecodeVariant::GluonStyle, MlaSplitPolicy::NumSplits(1)),
+        (MlaDecodeVariant::AsmStyle, MlaSplitPolicy::ComputeUnits(1)),
+    ];
+    for (variant, splits) in one_block {
+        let p = decode_params(&c, 4, 1, variant, splits);
+        for at in [300, 599] {
+            let mut table = c.block_table.clone();
+            table[at] = c.num_pages as i32;
+            let (r, _, _) = decode_with(b, &c, &p, &c.seq_lens, &table);
+            assert_rejected(r, "block_table", format!("{variant:?} {splits:?}: block_table entry {at} of 600"));
+        }
+        decode_with(b, &c, &p, &c.seq_lens, &c.block_table).0.expect("the intact table");
+    }
+}
+
 /// Random small decodes with a used block-table entry or a sequence length corrupted.
 pub fn mla_decode_generated_bad_metadata<B: Backend + MlaDecode>(b: &B) {
     let mut rng = TestRng::new(0x5202);

@@ -193,6 +193,7 @@ macro_rules! __k3_for_each_bad_input {
             mla_cache_write: mla::mla_cache_write_generated_bad_slots,
             mla_decode: mla::mla_decode_device_seq_lens_beyond_plan,
             mla_decode: mla::mla_decode_device_block_table_out_of_range,
+            mla_decode: mla::mla_decode_device_block_table_in_a_later_pass,
             mla_decode: mla::mla_decode_generated_bad_metadata,
             mla_decode: mla::mla_decode_prepared_schedule_overwritten,
             mla_prefill_absorbed: mla::mla_prefill_absorbed_generated_bad_metadata,
