@@ -213,10 +213,9 @@ pub fn mla_decode_device_block_table_out_of_range<B: Backend + MlaDecode>(b: &B)
 }
 
 /// A bad block-table entry beyond the first 256 pages of one block's keys: the GPU kernels check
-/// an item's pages in passes of the block's threads (reading each thread's next entry ahead), so
-/// only a sequence of more pages than a block has threads, in one split or one work item, reaches
-/// the second and third passes. 600 one-token pages; entries 300 and 599 (pages 44 and 88 of the
-/// later passes at 256 threads).
+/// an item's pages in passes of the block's threads, so only a sequence of more pages than a
+/// block has threads, in one split or one work item, reaches the second and third passes. 600
+/// one-token pages; entries 300 and 599 (pages 44 and 87 of the later passes at 256 threads).
 pub fn mla_decode_device_block_table_in_a_later_pass<B: Backend + MlaDecode>(b: &B) {
     let mut rng = TestRng::new(0x5203);
     let c = PagedCase::new(&mut rng, KvCacheFormat::Bf16, DIMS, 1, &[600], 1.0);
