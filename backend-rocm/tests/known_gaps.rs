@@ -212,7 +212,8 @@ fn route<B: Backend + MoeRouter>(b: &B, p: &MoeRouterParams, x: &[f32], w: &[f32
     let mut ids = b.zeros(DType::I32, &[p.tokens, p.top_k]).expect("ids");
     let mut weights = b.zeros(DType::F32, &[p.tokens, p.top_k]).expect("weights");
     let args = MoeRouterArgs { x: xt.as_ref(), weight: wt.as_ref(), bias: Some(bt.as_ref()), topk_ids: ids.as_mut(), topk_weights: weights.as_mut() };
-    MoeRouter::run(b, &plan, args, None, b.default_stream()).expect("router");
+    let mut ws = b.workspace(MoeRouter::workspace_size(b, &plan)).expect("workspace");
+    MoeRouter::run(b, &plan, args, ws.as_mut(), b.default_stream()).expect("router");
     b.download_tensor(&ids).expect("ids").to_i64()
 }
 
@@ -248,6 +249,7 @@ fn router_bias_reaches_the_kernel_as_f32() {
     let mut idt = b.zeros(DType::I32, &[tokens, top_k]).expect("ids");
     let mut wts = b.zeros(DType::F32, &[tokens, top_k]).expect("w");
     let args = MoeRouterArgs { x: xt.as_ref(), weight: wt.as_ref(), bias: Some(bt.as_ref()), topk_ids: idt.as_mut(), topk_weights: wts.as_mut() };
-    let e = MoeRouter::run(&b, &plan, args, None, b.default_stream()).expect_err("a bf16 bias must be refused");
+    let mut ws = b.workspace(MoeRouter::workspace_size(&b, &plan)).expect("workspace");
+    let e = MoeRouter::run(&b, &plan, args, ws.as_mut(), b.default_stream()).expect_err("a bf16 bias must be refused");
     assert_eq!(e.field(), Some("bias"), "{e}");
 }

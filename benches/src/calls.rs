@@ -140,6 +140,7 @@ pub struct MoeCall<B: Backend> {
     pub act: Dev<B>,
     pub y: Dev<B>,
     pub out: Dev<B>,
+    pub router_ws: Option<B::Buffer>,
     pub align_ws: Option<B::Buffer>,
     pub gate_up_ws: Option<B::Buffer>,
     pub down_ws: Option<B::Buffer>,
@@ -154,7 +155,7 @@ impl<B: MoeRouter + MoeAlign + MoeGroupedGemm + MoeCombine> MoeCall<B> {
             topk_ids: self.topk_ids.as_mut(),
             topk_weights: self.topk_weights.as_mut(),
         };
-        MoeRouter::run(b, &p.router, args, None, b.default_stream())
+        MoeRouter::run(b, &p.router, args, self.router_ws.as_mut(), b.default_stream())
     }
 
     pub fn align(&mut self, b: &B, p: &MoePlans) -> Result<()> {
@@ -256,7 +257,7 @@ pub fn experts_touched(topk_ids: &HostTensor, experts: usize) -> usize {
 
 /// A [`MoeCall`] on `inputs` with zeroed buffers and workspaces sized for `p`; activations of
 /// dtype `io`.
-pub fn moe_call<B: MoeAlign + MoeGroupedGemm>(b: &B, p: &MoePlans, inputs: MoeInputs<B>, io: DType) -> Result<MoeCall<B>> {
+pub fn moe_call<B: MoeRouter + MoeAlign + MoeGroupedGemm>(b: &B, p: &MoePlans, inputs: MoeInputs<B>, io: DType) -> Result<MoeCall<B>> {
     let (t, k) = (p.router.params.tokens, p.router.params.top_k);
     let (n, l) = (p.gate_up.params.n, p.down.params.n);
     Ok(MoeCall {
@@ -269,6 +270,7 @@ pub fn moe_call<B: MoeAlign + MoeGroupedGemm>(b: &B, p: &MoePlans, inputs: MoeIn
         act: b.zeros(io, &[t * k, n])?,
         y: b.zeros(DType::F32, &[t * k, l])?,
         out: b.zeros(io, &[t, l])?,
+        router_ws: b.workspace(MoeRouter::workspace_size(b, &p.router))?,
         align_ws: b.workspace(MoeAlign::workspace_size(b, &p.align))?,
         gate_up_ws: b.workspace(MoeGroupedGemm::workspace_size(b, &p.gate_up))?,
         down_ws: b.workspace(MoeGroupedGemm::workspace_size(b, &p.down))?,

@@ -170,6 +170,13 @@ pub fn arg<T: KernelArg>(args: &mut KernelArgs, v: T) {
     args.push(v);
 }
 
+/// Whether every row of `t` (its last dimension contiguous, the others the row strides) starts on
+/// a 16-byte boundary at `ptr`, so a kernel can move it in 16-byte vectors.
+pub fn rows_16b(ptr: DevicePtr, t: &Layout) -> bool {
+    let (Some((&inner, outer)), bytes) = (t.strides.split_last(), t.dtype.size_bytes()) else { return false };
+    ptr.0 % 16 == 0 && inner == 1 && outer.iter().all(|&s| (s * bytes) % 16 == 0)
+}
+
 /// Grid size for `n` items at `per_block` items per block, capped for grid-stride loops.
 pub fn blocks_for(n: usize, per_block: usize) -> u32 {
     n.div_ceil(per_block.max(1)).clamp(1, 65_535) as u32

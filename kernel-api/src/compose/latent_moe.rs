@@ -134,7 +134,8 @@ pub fn latent_moe_forward<B: LatentMoeBackend>(b: &B, cfg: &LatentMoeConfig, w: 
         topk_ids: ids.as_mut(),
         topk_weights: weights.as_mut(),
     };
-    MoeRouter::run(b, &rplan, rargs, None, stream)?;
+    let mut rws = b.workspace(MoeRouter::workspace_size(b, &rplan))?;
+    MoeRouter::run(b, &rplan, rargs, rws.as_mut(), stream)?;
     let z = gemm(b, x.clone(), w.latent_down.clone(), act)?;
 
     let routing = MoeRouting { tokens: t, top_k: cfg.top_k, experts: cfg.experts, block_m: cfg.block_m };

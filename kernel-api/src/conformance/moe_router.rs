@@ -17,6 +17,8 @@ struct RouterCase {
     w: Vec<f32>,
     bias: Option<Vec<f32>>,
     in_dtype: DType,
+    /// The router weight's dtype (`in_dtype` unless a case mixes them).
+    w_dtype: DType,
 }
 
 fn params(tokens: usize, hidden: usize, experts: usize, top_k: usize) -> MoeRouterParams {
@@ -27,7 +29,15 @@ fn random_case(rng: &mut TestRng, p: MoeRouterParams, in_dtype: DType, bias_scal
     let x = round_through(in_dtype, &rng.normals(p.tokens * p.hidden, 1.0));
     let w = round_through(in_dtype, &rng.normals(p.experts * p.hidden, 1.0 / (p.hidden as f32).sqrt()));
     let bias = bias_scale.map(|s| rng.uniforms(p.experts, -s, s));
-    RouterCase { p, x, w, bias, in_dtype }
+    RouterCase { p, x, w, bias, in_dtype, w_dtype: in_dtype }
+}
+
+/// x of dtype `x_dt`, the weight of dtype `w_dt` (the GPU logits kernel has a path per pair).
+fn mixed_case(rng: &mut TestRng, p: MoeRouterParams, x_dt: DType, w_dt: DType) -> RouterCase {
+    let x = round_through(x_dt, &rng.normals(p.tokens * p.hidden, 1.0));
+    let w = round_through(w_dt, &rng.normals(p.experts * p.hidden, 1.0 / (p.hidden as f32).sqrt()));
+    let bias = Some(rng.uniforms(p.experts, -0.05, 0.05));
+    RouterCase { p, x, w, bias, in_dtype: x_dt, w_dtype: w_dt }
 }
 
 /// Runs the backend's router: (ids, weights).
@@ -35,7 +45,7 @@ fn route<B: Backend + MoeRouter>(b: &B, c: &RouterCase) -> Result<(Vec<i32>, Vec
     let p = &c.p;
     let plan = MoeRouter::plan(b, p)?;
     let x = upload_f32(b, c.in_dtype, &[p.tokens, p.hidden], &c.x)?;
-    let w = upload_f32(b, c.in_dtype, &[p.experts, p.hidden], &c.w)?;
+    let w = upload_f32(b, c.w_dtype, &[p.experts, p.hidden], &c.w)?;
     let bias = c.bias.as_ref().map(|v| upload_f32(b, DType::F32, &[p.experts], v)).transpose()?;
     let mut ids = b.zeros(DType::I32, &[p.tokens, p.top_k])?;
     let mut weights = b.zeros(DType::F32, &[p.tokens, p.top_k])?;
@@ -46,7 +56,8 @@ fn route<B: Backend + MoeRouter>(b: &B, c: &RouterCase) -> Result<(Vec<i32>, Vec
         topk_ids: ids.as_mut(),
         topk_weights: weights.as_mut(),
     };
-    MoeRouter::run(b, &plan, args, None, b.default_stream())?;
+    let mut ws = b.workspace(MoeRouter::workspace_size(b, &plan))?;
+    MoeRouter::run(b, &plan, args, ws.as_mut(), b.default_stream())?;
     Ok((download_i32(b, &ids), download_f32(b, &weights)?))
 }
 
@@ -167,10 +178,24 @@ pub fn moe_router_matches_oracle<B: Backend + MoeRouter>(b: &B) {
         (3, 8, 1, 1, true, 1.0, DType::BF16, None),
         (0, 8, 4, 2, true, 1.0, DType::F32, Some(0.1)),
         (8, 64, 40, 16, true, 1.0, DType::BF16, Some(0.02)),
+        // GPU logits kernel: two token tiles (8 + 1), E not a multiple of 4 experts per block,
+        // 25 chunks of 8 per row (a partial pass of 64 threads per expert).
+        (9, 200, 37, 5, true, 1.0, DType::BF16, Some(0.05)),
+        // A row longer than one slab of chunks per thread (bf16: 64 x 8 chunks = 4096 values;
+        // f32: 2048).
+        (2, 4608, 8, 2, true, 1.0, DType::BF16, Some(0.05)),
+        (3, 2304, 6, 2, true, 1.0, DType::F32, None),
+        // hidden % 8 != 0: the unaligned logits kernel.
+        (10, 20, 10, 3, true, 1.0, DType::BF16, Some(0.05)),
+        (3, 13, 5, 2, false, 1.0, DType::F32, Some(0.05)),
     ] {
         let p = MoeRouterParams { renormalize: renorm, routed_scaling_factor: rsf, ..params(tokens, hidden, experts, top_k) };
         let c = random_case(&mut rng, p, dt, bias);
         check_case(b, &c, &format!("router {:?}", c.p));
+    }
+    for (x_dt, w_dt) in [(DType::F32, DType::BF16), (DType::BF16, DType::F32)] {
+        let c = mixed_case(&mut rng, params(9, 96, 12, 3), x_dt, w_dt);
+        check_case(b, &c, &format!("router x {x_dt} weight {w_dt}"));
     }
 }
 
@@ -188,7 +213,7 @@ pub fn moe_router_grouped_matches_oracle<B: Backend + MoeRouter>(b: &B) {
     let mut bias = vec![-0.3f32; 8];
     bias[..4].copy_from_slice(&[0.4, -0.4, 0.1, 0.1]);
     let p = MoeRouterParams { n_group: 4, topk_group: 1, ..params(1, 4, 8, 2) };
-    let c = RouterCase { x: vec![0.0; 4], w: rng.normals(32, 1.0), bias: Some(bias), p, in_dtype: DType::F32 };
+    let c = RouterCase { x: vec![0.0; 4], w: rng.normals(32, 1.0), bias: Some(bias), p, in_dtype: DType::F32, w_dtype: DType::F32 };
     let (ids, weights) = route(b, &c).expect("route");
     assert_eq!(ids, vec![2, 3], "group masking");
     assert_eq!(weights, vec![0.5, 0.5], "weights from unbiased scores 0.5 / (0.5 + 0.5)");
@@ -239,7 +264,7 @@ pub fn moe_router_ties_lowest_index<B: Backend + MoeRouter>(b: &B) {
     }
     let x = vec![1.0, 0.0, 0.0, 0.0];
     for dt in [DType::F32, DType::BF16] {
-        let c = RouterCase { p: params(1, 4, 8, 4), x: x.clone(), w: w.clone(), bias: None, in_dtype: dt };
+        let c = RouterCase { p: params(1, 4, 8, 4), x: x.clone(), w: w.clone(), bias: None, in_dtype: dt, w_dtype: dt };
         let (ids, _) = route(b, &c).expect("route");
         assert_eq!(ids, vec![1, 4, 6, 2], "{dt}: tied experts in index order");
     }
@@ -251,6 +276,7 @@ pub fn moe_router_ties_lowest_index<B: Backend + MoeRouter>(b: &B) {
             w: w.clone(),
             bias: None,
             in_dtype: DType::F32,
+            w_dtype: DType::F32,
         };
         let (ids, weights) = route(b, &c).expect("route");
         assert_eq!(ids, vec![0, 1, 2, 3, 0, 1, 2, 3], "all-equal scores, groups {n_group}/{topk_group}");
@@ -286,7 +312,8 @@ pub fn moe_router_rejects_bad_input<B: Backend + MoeRouter>(b: &B) {
             topk_ids: ids.as_mut(),
             topk_weights: wts.as_mut(),
         };
-        MoeRouter::run(b, &plan, args, None, b.default_stream()).err().and_then(|e| e.field().map(str::to_string))
+        let mut ws = b.workspace(MoeRouter::workspace_size(b, &plan)).unwrap();
+        MoeRouter::run(b, &plan, args, ws.as_mut(), b.default_stream()).err().and_then(|e| e.field().map(str::to_string))
     };
     assert_eq!(run(&x, &w, &bias_bf16, DType::I32, DType::F32).as_deref(), Some("bias"), "a bf16 bias must be rejected");
     assert_eq!(run(&t(DType::I32, &[2, 8]), &w, &bias_f32, DType::I32, DType::F32).as_deref(), Some("x"));
@@ -295,5 +322,12 @@ pub fn moe_router_rejects_bad_input<B: Backend + MoeRouter>(b: &B) {
     assert_eq!(run(&x, &w, &bias_f32, DType::I64, DType::F32).as_deref(), Some("topk_ids"));
     assert_eq!(run(&x, &w, &bias_f32, DType::I32, DType::BF16).as_deref(), Some("topk_weights"));
     assert_eq!(run(&x, &w, &bias_f32, DType::I32, DType::F32), None, "well-formed call must succeed");
+    // A backend that stages the logits (GPU) refuses a call without its workspace.
+    if MoeRouter::workspace_size(b, &plan) > 0 {
+        let (mut ids, mut wts) = (t(DType::I32, &[2, 2]), t(DType::F32, &[2, 2]));
+        let args = MoeRouterArgs { x: x.as_ref(), weight: w.as_ref(), bias: None, topk_ids: ids.as_mut(), topk_weights: wts.as_mut() };
+        let e = MoeRouter::run(b, &plan, args, None, b.default_stream()).expect_err("no workspace");
+        assert_eq!(e.field(), Some("workspace"), "{e}");
+    }
 }
 

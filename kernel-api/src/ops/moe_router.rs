@@ -159,7 +159,10 @@ pub trait MoeRouter: Backend {
         MoeRouter::supports(self, params)?;
         Ok(plan)
     }
-    /// Routing is per token with no cross-token state: no workspace.
+    /// Bytes of workspace `run` needs. Routing has no state across calls; the default (the CPU
+    /// reference) needs none. The GPU backends stage the f32 logits of every (token, expert) in
+    /// it (tokens x E rounded up to 4 floats, 16-byte aligned), so the logits GEMV can spread the
+    /// router weight over the whole card before the per-token selection.
     fn workspace_size(&self, _plan: &MoeRouterPlan) -> usize {
         0
     }

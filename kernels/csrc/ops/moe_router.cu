@@ -1,13 +1,26 @@
-// MoE router (kernel-api ops/moe_router.rs is the spec): one block per token (grid-stride over
-// tokens). Warps compute the f32 logits of strided experts (lanes stride over hidden, a warp
-// reduction sums), then sigmoid and the bias-corrected selection score go to shared memory.
-// Group masking and the top-k are repeated block-level argmax selections over shared memory
-// (thread-local best over strided candidates, warp shuffle reduction, one pass over the warps'
-// winners), with the total order "larger key first, lower index on ties, NaN like -inf", so
-// the result does not depend on the reduction order. Weights come from the unbiased scores.
+// MoE router (kernel-api ops/moe_router.rs is the spec), two kernels:
 //
-// Dynamic shared memory (launcher): scores[E] f32, sel[E] f32, blocked[E] i32, gscore[G] f32,
-// gblocked[G] i32, chosen[top_k] i32.
+// moe_router_logits: the f32 logits W_r x of every (token, expert) into the caller's workspace
+// (rows of `lstride` >= E floats). The router weight is the bulk of the op (K3: 896 x 7168 bf16
+// = 12.8 MB per layer, read at every decode step), so the grid spreads it over the card: a block
+// of kRouterThreads holds kRouterThreads / kRouterGroupThreads experts, a group of 64 threads (two
+// warps on NVIDIA, one wave on AMD) per expert row, and a tile of up to kRouterTokenTile tokens
+// (grid.y). K3 at batch 1 is 224 blocks. A group reads its row in 16-byte chunks of 8 values, up
+// to 8 chunks per thread in flight (kRouterSlab), and multiplies each against the tile's tokens
+// (x rows are re-read per weight chunk: L1/L2 hits, the weight is read once per token tile).
+// Products and sums in f32 (bf16 products are exact in f32); one group reduction per token.
+// moe_router_logits_unaligned is the same grid for rows that are not 16-byte aligned or
+// contiguous (any strides, per-value dtype-dispatched loads).
+//
+// moe_router_topk: one block per token (grid-stride over tokens) reads its logits row, then the
+// sigmoid and the bias-corrected selection score go to shared memory. Group masking and the top-k
+// are repeated block-level argmax selections over shared memory (thread-local best over strided
+// candidates, warp shuffle reduction, one pass over the warps' winners), with the total order
+// "larger key first, lower index on ties, NaN like -inf", so the result does not depend on the
+// reduction order. Weights come from the unbiased scores.
+//
+// Dynamic shared memory of moe_router_topk (launcher): scores[E] f32, sel[E] f32, blocked[E] i32,
+// gscore[G] f32, gblocked[G] i32, chosen[top_k] i32.
 #include "k3/compat.h"
 
 namespace {
@@ -75,12 +88,181 @@ K3_DEVICE int router_block_argmax(const float* vals, const int* blocked, int n, 
 
 }  // namespace
 
-// x [T, H] (x_dt, strides xs0/xs1), w [E, H] (w_dt, ws0/ws1), bias [E] f32 (stride bs0) or null,
-// topk_ids [T, K] i32 and topk_weights [T, K] f32 (strides), renormalize 0/1.
-K3_KERNEL void moe_router_topk(const void* x, int x_dt, int64_t xs0, int64_t xs1, const void* w, int w_dt, int64_t ws0,
-                               int64_t ws1, const float* bias, int64_t bs0, int* topk_ids, int64_t is0, int64_t is1,
-                               float* topk_weights, int64_t ows0, int64_t ows1, int tokens, int hidden, int experts,
-                               int top_k, int n_group, int topk_group, int renormalize, float scaling) {
+namespace {
+
+constexpr int kRouterThreads = 256;      // the launchers' block size
+constexpr int kRouterGroupThreads = 64;  // threads per expert row
+constexpr int kRouterTokenTile = 8;      // tokens per block (grid.y)
+constexpr int kRouterGroups = kRouterThreads / kRouterGroupThreads;
+
+}  // namespace
+
+// The logits kernels' block size, so AMD does not cap a lane at the 128 VGPRs of a 1024-thread
+// block (the unaligned kernel spilled to scratch on gfx942 under that cap), and two blocks per
+// SM on NVIDIA: K3's 224 blocks at batch 1 are resident at once on 132 SMs.
+#if K3_TARGET_HIP
+#define ROUTER_LOGITS_BOUNDS __attribute__((amdgpu_flat_work_group_size(256, 256)))
+#elif K3_TARGET_CUDA
+#define ROUTER_LOGITS_BOUNDS __launch_bounds__(256, 2)
+#else
+#define ROUTER_LOGITS_BOUNDS
+#endif
+
+namespace {
+
+// 8 consecutive values of a bf16 (one 16-byte load) or f32 (two) row, kept as raw bits until
+// they are multiplied, so a slab of chunks in flight costs 4 (8) registers each.
+template <bool kBf16>
+struct RouterChunk {
+  k3::u32x4 raw[kBf16 ? 1 : 2];
+};
+
+template <bool kBf16>
+K3_DEVICE K3_AMD_INLINE RouterChunk<kBf16> router_load_chunk(const void* row, int c) {
+  RouterChunk<kBf16> ch;
+  const char* p = static_cast<const char*>(row) + static_cast<int64_t>(c) * (kBf16 ? 16 : 32);
+  for (int h = 0; h < (kBf16 ? 1 : 2); ++h) ch.raw[h] = k3::load_16b(p + 16 * h);
+  return ch;
+}
+
+// Value i (0..7) of a chunk as f32 (bf16 -> f32 is exact: the bits shifted up).
+template <bool kBf16>
+K3_DEVICE K3_AMD_INLINE float router_chunk_at(const RouterChunk<kBf16>& ch, int i) {
+  if (kBf16) {
+    const uint32_t word = ch.raw[0].v[i >> 1];
+    return k3::uint_as_float((i & 1) != 0 ? word & 0xffff0000u : word << 16);
+  }
+  return k3::uint_as_float(ch.raw[i >> 2].v[i & 3]);
+}
+
+// acc[j] += w_row . x_row(t0 + j) over this thread's chunks, j < nt (uniform). The weight slab
+// is loaded first, then each token's matching x chunks, all before the products (predicated
+// loads, no branch between them), so kSlab weight loads and then kSlab x loads are in flight at
+// once; chunks past the row's end are skipped (chunks = hidden / 8).
+template <bool kWBf16, bool kXBf16>
+K3_DEVICE K3_AMD_INLINE void router_dot_rows(const void* w_row, const void* x, int64_t xs0, int t0, int nt,
+                                             int chunks, int gt, float (&acc)[kRouterTokenTile]) {
+  constexpr int kSlab = kWBf16 && kXBf16 ? 8 : 4;  // raw registers: 32 (weight) + 32 (x) either way
+  constexpr int kXBytes = kXBf16 ? 2 : 4;
+  for (int c0 = gt; c0 < chunks; c0 += kSlab * kRouterGroupThreads) {
+    RouterChunk<kWBf16> wc[kSlab];
+K3_UNROLL
+    for (int s = 0; s < kSlab; ++s) {
+      const int c = c0 + s * kRouterGroupThreads;
+      wc[s] = c < chunks ? router_load_chunk<kWBf16>(w_row, c) : RouterChunk<kWBf16>{};
+    }
+K3_UNROLL
+    for (int j = 0; j < kRouterTokenTile; ++j) {
+      if (j >= nt) break;
+      const void* x_row = static_cast<const char*>(x) + (t0 + j) * xs0 * kXBytes;
+      RouterChunk<kXBf16> xc[kSlab];  // all issued before the first product
+K3_UNROLL
+      for (int s = 0; s < kSlab; ++s) {
+        const int c = c0 + s * kRouterGroupThreads;
+        xc[s] = c < chunks ? router_load_chunk<kXBf16>(x_row, c) : RouterChunk<kXBf16>{};
+      }
+K3_UNROLL
+      for (int s = 0; s < kSlab; ++s) {
+        if (c0 + s * kRouterGroupThreads >= chunks) break;
+K3_UNROLL
+        for (int i = 0; i < 8; ++i) acc[j] += router_chunk_at<kXBf16>(xc[s], i) * router_chunk_at<kWBf16>(wc[s], i);
+      }
+    }
+  }
+}
+
+// The group sums of acc[0..nt) into logits[(t0 + j) * lstride + expert]: a shuffle reduction per warp,
+// then (two warps per group at warp 32) the warps' partials in order. Every thread of the block
+// calls it (barrier).
+K3_DEVICE K3_AMD_INLINE void router_store_logits(float (&acc)[kRouterTokenTile], float* logits, int64_t lstride,
+                                                 int experts, int t0, int nt) {
+  constexpr int kWarps = kRouterThreads / k3::kWarpSize;
+  constexpr int kGroupWarps = kRouterGroupThreads / k3::kWarpSize;
+  K3_SHARED(float, partial, [kWarps][kRouterTokenTile]);
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int warp = tid / k3::kWarpSize;
+K3_UNROLL
+  for (int j = 0; j < kRouterTokenTile; ++j) {
+    if (j >= nt) break;
+    const float v = k3::warp_reduce_sum(acc[j]);
+    if (k3::lane_id() == 0) partial[warp][j] = v;
+  }
+  k3::sync_threads();
+  if (tid < kRouterGroups * kRouterTokenTile) {
+    const int g = tid / kRouterTokenTile, j = tid % kRouterTokenTile;
+    const int e = static_cast<int>(k3::block_idx_x()) * kRouterGroups + g;
+    if (j < nt && e < experts) {
+      float sum = 0.0f;
+      for (int w = 0; w < kGroupWarps; ++w) sum += partial[g * kGroupWarps + w][j];
+      logits[(t0 + j) * lstride + e] = sum;
+    }
+  }
+  k3::sync_threads();  // partial is rewritten by the next token tile
+}
+
+}  // namespace
+
+// x [T, H] (x_dt bf16/f32, row stride xs0, contiguous rows 16-byte aligned), w [E, H] (w_dt, ws0,
+// the same), H % 8 == 0; logits [T, lstride] f32. Grid (ceil(E / kRouterGroups), token tiles).
+K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits(const void* x, int x_dt, int64_t xs0, const void* w, int w_dt, int64_t ws0,
+                                 float* logits, int64_t lstride, int tokens, int hidden, int experts) {
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int gt = tid % kRouterGroupThreads;
+  const int e = static_cast<int>(k3::block_idx_x()) * kRouterGroups + tid / kRouterGroupThreads;
+  const int chunks = hidden / 8;
+  const bool w_bf16 = w_dt == k3::kBF16, x_bf16 = x_dt == k3::kBF16;
+  // A group past the last expert reads row experts - 1 (in bounds) and stores nothing.
+  const int e_row = e < experts ? e : experts - 1;
+  const void* w_row = static_cast<const char*>(w) + e_row * ws0 * (w_bf16 ? 2 : 4);
+  for (int t0 = static_cast<int>(k3::block_idx_y()) * kRouterTokenTile; t0 < tokens;
+       t0 += static_cast<int>(k3::grid_dim_y()) * kRouterTokenTile) {
+    const int nt = tokens - t0 < kRouterTokenTile ? tokens - t0 : kRouterTokenTile;
+    float acc[kRouterTokenTile] = {};
+    if (w_bf16 && x_bf16) {
+      router_dot_rows<true, true>(w_row, x, xs0, t0, nt, chunks, gt, acc);
+    } else if (w_bf16) {
+      router_dot_rows<true, false>(w_row, x, xs0, t0, nt, chunks, gt, acc);
+    } else if (x_bf16) {
+      router_dot_rows<false, true>(w_row, x, xs0, t0, nt, chunks, gt, acc);
+    } else {
+      router_dot_rows<false, false>(w_row, x, xs0, t0, nt, chunks, gt, acc);
+    }
+    router_store_logits(acc, logits, lstride, experts, t0, nt);
+  }
+}
+K3_EXPORT(moe_router_logits);
+
+// Any strides and dtypes (k3::load_f32 per value); the same grid and reduction.
+K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits_unaligned(const void* x, int x_dt, int64_t xs0, int64_t xs1, const void* w, int w_dt,
+                                           int64_t ws0, int64_t ws1, float* logits, int64_t lstride, int tokens,
+                                           int hidden, int experts) {
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int gt = tid % kRouterGroupThreads;
+  const int e = static_cast<int>(k3::block_idx_x()) * kRouterGroups + tid / kRouterGroupThreads;
+  const int e_row = e < experts ? e : experts - 1;
+  for (int t0 = static_cast<int>(k3::block_idx_y()) * kRouterTokenTile; t0 < tokens;
+       t0 += static_cast<int>(k3::grid_dim_y()) * kRouterTokenTile) {
+    const int nt = tokens - t0 < kRouterTokenTile ? tokens - t0 : kRouterTokenTile;
+    float acc[kRouterTokenTile] = {};
+    for (int i = gt; i < hidden; i += kRouterGroupThreads) {
+      const float wv = k3::load_f32(w, w_dt, e_row * ws0 + i * ws1);
+K3_UNROLL
+      for (int j = 0; j < kRouterTokenTile; ++j) {
+        if (j >= nt) break;
+        acc[j] += k3::load_f32(x, x_dt, (t0 + j) * xs0 + i * xs1) * wv;
+      }
+    }
+    router_store_logits(acc, logits, lstride, experts, t0, nt);
+  }
+}
+K3_EXPORT(moe_router_logits_unaligned);
+
+// logits [T, lstride] f32 (moe_router_logits; rows 16-byte aligned, lstride a multiple of 4 and
+// >= E), bias [E] f32 (stride bs0) or null, topk_ids [T, K] i32 and topk_weights [T, K] f32
+// (strides), renormalize 0/1.
+K3_KERNEL void moe_router_topk(const float* logits, int64_t lstride, const float* bias, int64_t bs0, int* topk_ids,
+                               int64_t is0, int64_t is1, float* topk_weights, int64_t ows0, int64_t ows1, int tokens,
+                               int experts, int top_k, int n_group, int topk_group, int renormalize, float scaling) {
   K3_SHARED(float, warp_key, [kRouterMaxWarps]);
   K3_SHARED(int, warp_idx, [kRouterMaxWarps]);
   K3_SHARED(int, pick, [1]);
@@ -94,23 +276,18 @@ K3_KERNEL void moe_router_topk(const void* x, int x_dt, int64_t xs0, int64_t xs1
 
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int nthreads = static_cast<int>(k3::block_dim_x());
-  const int warp = tid / k3::kWarpSize;
-  const int warps = nthreads / k3::kWarpSize;
-  const int lane = static_cast<int>(k3::lane_id());
   const int group_size = experts / n_group;
 
   for (int t = static_cast<int>(k3::block_idx_x()); t < tokens; t += static_cast<int>(k3::grid_dim_x())) {
-    // 1-3. logits (f32 sums), sigmoid scores and selection scores.
-    for (int e = warp; e < experts; e += warps) {
-      float acc = 0.0f;
-      for (int i = lane; i < hidden; i += k3::kWarpSize) {
-        acc += k3::load_f32(x, x_dt, t * xs0 + i * xs1) * k3::load_f32(w, w_dt, e * ws0 + i * ws1);
-      }
-      acc = k3::warp_reduce_sum(acc);
-      if (lane == 0) {
-        const float s = k3::sigmoid_f32(acc);
-        scores[e] = s;
-        sel[e] = s + (bias != nullptr ? bias[e * bs0] : 0.0f);
+    // 2-3. sigmoid scores and selection scores, 4 logits per 16-byte load (the row's padding
+    // past E is read, never used).
+    const float* row = logits + t * lstride;
+    for (int e4 = 4 * tid; e4 < experts; e4 += 4 * nthreads) {
+      const k3::f32x4 l = k3::load_f32x4(row + e4);
+      for (int i = 0; i < 4 && e4 + i < experts; ++i) {
+        const float s = k3::sigmoid_f32(l.v[i]);
+        scores[e4 + i] = s;
+        sel[e4 + i] = s + (bias != nullptr ? bias[(e4 + i) * bs0] : 0.0f);
       }
     }
     for (int e = tid; e < experts; e += nthreads) blocked[e] = n_group > 1 ? 1 : 0;

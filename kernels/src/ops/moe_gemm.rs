@@ -25,7 +25,7 @@
 //! `moe_gemm_splitk_reduce` sums them in ascending split order (deterministic: no atomics) and
 //! applies the epilogue.
 
-use crate::gpu_backend::{arg, blocks_for, dtype_code, to_i32, GpuBackend};
+use crate::gpu_backend::{arg, blocks_for, dtype_code, rows_16b, to_i32, GpuBackend};
 use crate::runtime::{DevicePtr, KernelArgs, LaunchConfig, Runtime};
 use kernel_api::ops::{
     check_workspace, MoeActivationQuant, MoeCombine, MoeCombineArgs, MoeCombineParams, MoeCombinePlan, MoeGemmArgs,
@@ -101,13 +101,6 @@ fn partial_row_floats(plan: &MoeGemmPlan) -> usize {
 /// products exactly (see the module docs).
 fn uses_mma(p: &MoeGemmParams, input: DType, weight: DType) -> bool {
     input == DType::BF16 && (p.weights == MoeWeightFormat::Mxfp4 || weight == DType::BF16)
-}
-
-/// Whether every row of `t` (its last dimension contiguous, the others the row strides) starts on
-/// a 16-byte boundary, so the MMA kernel can move it in 16-byte vectors.
-fn rows_16b(ptr: DevicePtr, t: &Layout) -> bool {
-    let (Some((&inner, outer)), bytes) = (t.strides.split_last(), t.dtype.size_bytes()) else { return false };
-    ptr.0 % 16 == 0 && inner == 1 && outer.iter().all(|&s| (s * bytes) % 16 == 0)
 }
 
 impl<R: Runtime> GpuBackend<R> {

@@ -1,11 +1,18 @@
-//! MoE router launcher: `moe_router_topk` (csrc/ops/moe_router.cu), one block per token.
+//! MoE router launcher (csrc/ops/moe_router.cu): `moe_router_logits` (or `_unaligned`) writes the
+//! f32 logits of every (token, expert) into the workspace, 4 experts x 8 tokens per block, so the
+//! router weight is spread over the card (K3 at batch 1: 224 blocks); `moe_router_topk` then
+//! selects per token, one block each.
 
-use crate::gpu_backend::{arg, blocks_for, dtype_code, to_i32, GpuBackend};
+use crate::gpu_backend::{arg, blocks_for, dtype_code, rows_16b, to_i32, GpuBackend};
 use crate::runtime::{KernelArgs, LaunchConfig, Runtime};
 use kernel_api::ops::{check_workspace, MoeRouter, MoeRouterArgs, MoeRouterParams, MoeRouterPlan, RouterScore};
-use kernel_api::{Backend, Error, Result, TensorRef};
+use kernel_api::{Backend, DType, Error, Layout, Result, TensorRef};
 
 const THREADS: u32 = 256;
+/// Experts per logits block (moe_router.cu: kRouterThreads / kRouterGroupThreads).
+const LOGIT_EXPERTS: usize = 4;
+/// Tokens per logits block (kRouterTokenTile).
+const LOGIT_TOKENS: usize = 8;
 /// Static shared memory of the kernel (warp scratch), rounded up.
 const STATIC_SHARED: usize = 512;
 
@@ -13,6 +20,12 @@ const STATIC_SHARED: usize = 512;
 /// chosen ids (`None` on overflow).
 fn shared_bytes(p: &MoeRouterParams) -> Option<usize> {
     p.experts.checked_mul(12)?.checked_add(p.n_group.checked_mul(8)?)?.checked_add(p.top_k.checked_mul(4)?)
+}
+
+/// Floats per logits row in the workspace: E rounded up to 4, so every row starts on 16 bytes
+/// (moe_router_topk reads them 4 at a time).
+fn logits_stride(p: &MoeRouterParams) -> usize {
+    p.experts.div_ceil(4) * 4
 }
 
 impl<R: Runtime> MoeRouter for GpuBackend<R> {
@@ -37,6 +50,11 @@ impl<R: Runtime> MoeRouter for GpuBackend<R> {
         }
     }
 
+    /// The f32 logits, `tokens` rows of E rounded up to 4 floats.
+    fn workspace_size(&self, plan: &MoeRouterPlan) -> usize {
+        plan.params.tokens.saturating_mul(logits_stride(&plan.params)).saturating_mul(4)
+    }
+
     fn run(&self, plan: &MoeRouterPlan, args: MoeRouterArgs<'_, Self>, ws: Option<&mut R::Buffer>, stream: &R::Stream) -> Result<()> {
         plan.check_args(self, &args)?;
         check_workspace(self, ws.as_deref(), MoeRouter::workspace_size(self, plan))?;
@@ -46,15 +64,42 @@ impl<R: Runtime> MoeRouter for GpuBackend<R> {
             return Ok(());
         }
         let (x, w, ids, wts) = (&args.x.layout, &args.weight.layout, &args.topk_ids.layout, &args.topk_weights.layout);
+        let logits = match ws.as_deref() {
+            Some(buf) => self.ptr(buf, &Layout::contiguous(DType::F32, &[0])),
+            None => return Err(Error::invalid("workspace", "the router's logits need the plan's workspace")),
+        };
+        if logits.0 % 16 != 0 {
+            return Err(Error::invalid("workspace", "the router's logits need a 16-byte aligned buffer"));
+        }
+        let lstride = logits_stride(p) as i64;
+        let (x_ptr, w_ptr) = (self.ptr(args.x.buf, x), self.ptr(args.weight.buf, w));
+        let vector = p.hidden % 8 == 0 && rows_16b(x_ptr, x) && rows_16b(w_ptr, w);
         let mut a = KernelArgs::new();
-        arg(&mut a, self.ptr(args.x.buf, x));
+        arg(&mut a, x_ptr);
         arg(&mut a, dtype_code(x.dtype));
         arg(&mut a, x.strides[0] as i64);
-        arg(&mut a, x.strides[1] as i64);
-        arg(&mut a, self.ptr(args.weight.buf, w));
+        if !vector {
+            arg(&mut a, x.strides[1] as i64);
+        }
+        arg(&mut a, w_ptr);
         arg(&mut a, dtype_code(w.dtype));
         arg(&mut a, w.strides[0] as i64);
-        arg(&mut a, w.strides[1] as i64);
+        if !vector {
+            arg(&mut a, w.strides[1] as i64);
+        }
+        arg(&mut a, logits);
+        arg(&mut a, lstride);
+        arg(&mut a, to_i32("params.tokens", p.tokens)?);
+        arg(&mut a, to_i32("params.hidden", p.hidden)?);
+        arg(&mut a, to_i32("params.experts", p.experts)?);
+        // experts fits an i32 (the plan checks it), so the expert groups fit grid.x.
+        let grid = (p.experts.div_ceil(LOGIT_EXPERTS) as u32, blocks_for(p.tokens, LOGIT_TOKENS));
+        let name = if vector { "moe_router_logits" } else { "moe_router_logits_unaligned" };
+        self.launch(name, LaunchConfig::new(grid, THREADS, 0), &mut a, stream)?;
+
+        let mut a = KernelArgs::new();
+        arg(&mut a, logits);
+        arg(&mut a, lstride);
         self.push_opt(&mut a, args.bias.as_ref().map(TensorRef::parts), 1);
         arg(&mut a, self.ptr(&*args.topk_ids.buf, ids));
         arg(&mut a, ids.strides[0] as i64);
@@ -63,7 +108,6 @@ impl<R: Runtime> MoeRouter for GpuBackend<R> {
         arg(&mut a, wts.strides[0] as i64);
         arg(&mut a, wts.strides[1] as i64);
         arg(&mut a, to_i32("params.tokens", p.tokens)?);
-        arg(&mut a, to_i32("params.hidden", p.hidden)?);
         arg(&mut a, to_i32("params.experts", p.experts)?);
         arg(&mut a, to_i32("params.top_k", p.top_k)?);
         arg(&mut a, to_i32("params.n_group", p.n_group)?);
@@ -75,3 +119,4 @@ impl<R: Runtime> MoeRouter for GpuBackend<R> {
         self.launch("moe_router_topk", cfg, &mut a, stream)
     }
 }
+

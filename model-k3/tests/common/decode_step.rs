@@ -63,6 +63,7 @@ pub struct Step<R: Runtime> {
     kda_ws: Option<R::Buffer>,
     // MoE
     rplan: MoeRouterPlan,
+    rws: Option<R::Buffer>,
     aplan: MoeAlignPlan,
     gplan: MoeGemmPlan,
     dplan: MoeGemmPlan,
@@ -151,6 +152,7 @@ impl<R: Runtime> Step<R> {
             routed_scaling_factor: m.routed_scaling_factor,
             score: RouterScore::Sigmoid,
         };
+        let rplan = MoeRouter::plan(b, &rp).expect("router plan");
         let routing = MoeRouting { tokens: batch, top_k: k, experts: e, block_m: 16 };
         let aplan = MoeAlign::plan(b, &MoeAlignParams { routing: routing.clone(), global_experts: None }).expect("align plan");
         let stage = |stage, kk, nn| MoeGemmParams { routing: routing.clone(), k: kk, n: nn, stage, weights: MoeWeightFormat::Mxfp4, activation_quant: None };
@@ -182,7 +184,8 @@ impl<R: Runtime> Step<R> {
             mla_lse: b.zeros(DType::F32, &[batch, 1, mp.heads]).expect("lse"),
             mla_ws: ws(b, MlaDecode::workspace_size(b, &mla_plan)),
             kda_ws: ws(b, KdaDecode::workspace_size(b, &kda_plan)),
-            rplan: MoeRouter::plan(b, &rp).expect("router plan"),
+            rws: ws(b, MoeRouter::workspace_size(b, &rplan)),
+            rplan,
             cplan: MoeCombine::plan(b, &MoeCombineParams { tokens: batch, top_k: k, hidden: l }).expect("combine plan"),
             x: normal(b, bf, &[batch, hid], 1.0, 12),
             router_w: normal(b, bf, &[e, hid], 0.1, 13),
@@ -248,7 +251,7 @@ impl<R: Runtime> Step<R> {
             topk_ids: self.ids.as_mut(),
             topk_weights: self.weights.as_mut(),
         };
-        MoeRouter::run(b, &self.rplan, args, None, s)?;
+        MoeRouter::run(b, &self.rplan, args, self.rws.as_mut(), s)?;
         let args = MoeAlignArgs {
             topk_ids: self.ids.as_ref(),
             expert_map: None,

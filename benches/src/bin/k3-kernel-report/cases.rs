@@ -256,7 +256,8 @@ fn moe(b: &Gpu, t: usize) -> Result<()> {
     let mut ids = z(b, DType::I32, &[t, k])?;
     let mut weights = z(b, DType::F32, &[t, k])?;
     let args = MoeRouterArgs { x: x.as_ref(), weight: router_w.as_ref(), bias: Some(bias.as_ref()), topk_ids: ids.as_mut(), topk_weights: weights.as_mut() };
-    MoeRouter::run(b, &rplan, args, None, s)?;
+    let mut rws = b.workspace(MoeRouter::workspace_size(b, &rplan))?;
+    MoeRouter::run(b, &rplan, args, rws.as_mut(), s)?;
 
     let routing = MoeRouting { tokens: t, top_k: k, experts: e, block_m: 16 };
     let aplan = MoeAlign::plan(b, &MoeAlignParams { routing: routing.clone(), global_experts: None })?;
