@@ -1112,8 +1112,12 @@ K3_KERNEL void moe_combine_sum(const float* y, int64_t y_s0, int64_t y_s1, void*
         for (int i = 0; i < 4; ++i) k3::store_f32(out, out_dt, t * out_s0 + (j + i) * out_s1, acc.v[i]);
       }
     } else {
+      // Rows that are not 16-B aligned or contiguous (never K3's: y is the down stage's own
+      // buffer). Kept rolled: nvcc unrolled it into 31 4-byte load sites, twice the vector path.
+      K3_NO_UNROLL
       for (int j = j0 + tid; j < j_end; j += nthreads) {
         float acc = 0.0f;
+        K3_NO_UNROLL
         for (int s = 0; s < top_k; ++s) acc += rows[s * y_s0 + j * y_s1];
         k3::store_f32(out, out_dt, t * out_s0 + j * out_s1, acc);
       }
