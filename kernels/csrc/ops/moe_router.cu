@@ -15,7 +15,8 @@
 // moe_router_topk: one block per token (grid-stride over tokens) reads its logits row, then the
 // sigmoid and the bias-corrected selection score go to shared memory. Group masking and the top-k
 // are repeated block-level argmax selections over shared memory (thread-local best over strided
-// candidates, warp shuffle reduction, one pass over the warps' winners), with the total order
+// candidates, warp shuffle reduction, one barrier, then every thread reduces the warps' winners
+// itself: K3's top-16 costs 16 barriers, was 48 and a serial pass of thread 0), with the total order
 // "larger key first, lower index on ties, NaN like -inf", so the result does not depend on the
 // reduction order. Weights come from the unbiased scores.
 //
@@ -38,10 +39,14 @@ K3_DEVICE bool router_better(float ka, int ia, float kb, int ib) {
 }
 
 // Index of the best entry of vals[0..n) whose blocked flag is 0 (keys via router_key), the
-// same on every thread of the block; -1 when none is left. Contains barriers: every thread of
-// the block must call it with the same arguments.
-K3_DEVICE int router_block_argmax(const float* vals, const int* blocked, int n, float* warp_key, int* warp_idx,
-                                  int* result) {
+// same on every thread of the block; -1 when none is left. Thread i reads only the entries
+// i, i + block size, ... (so the thread that owns an entry may flag it without a barrier). One
+// barrier: the warps' winners go to buffer `parity` and every thread reduces them itself; the
+// next call writes the other buffer, and the one after can only start once every thread has
+// passed the next call's barrier, i.e. read this one. Every thread of the block must call it
+// with the same arguments, alternating parity.
+K3_DEVICE int router_block_argmax(const float* vals, const int* blocked, int n, float (*warp_key)[kRouterMaxWarps],
+                                  int (*warp_idx)[kRouterMaxWarps], int parity) {
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int nthreads = static_cast<int>(k3::block_dim_x());
   float best_k = 0.0f;
@@ -62,28 +67,21 @@ K3_DEVICE int router_block_argmax(const float* vals, const int* blocked, int n, 
       best_i = oi;
     }
   }
-  const int warp = tid / k3::kWarpSize;
   if (k3::lane_id() == 0) {
-    warp_key[warp] = best_k;
-    warp_idx[warp] = best_i;
+    warp_key[parity][tid / k3::kWarpSize] = best_k;
+    warp_idx[parity][tid / k3::kWarpSize] = best_i;
   }
   k3::sync_threads();
-  if (tid == 0) {
-    const int warps = (nthreads + k3::kWarpSize - 1) / k3::kWarpSize;
-    float bk = warp_key[0];
-    int bi = warp_idx[0];
-    for (int w = 1; w < warps; ++w) {
-      if (router_better(warp_key[w], warp_idx[w], bk, bi)) {
-        bk = warp_key[w];
-        bi = warp_idx[w];
-      }
+  const int warps = (nthreads + k3::kWarpSize - 1) / k3::kWarpSize;
+  float bk = warp_key[parity][0];
+  int bi = warp_idx[parity][0];
+  for (int w = 1; w < warps; ++w) {
+    if (router_better(warp_key[parity][w], warp_idx[parity][w], bk, bi)) {
+      bk = warp_key[parity][w];
+      bi = warp_idx[parity][w];
     }
-    *result = bi;
   }
-  k3::sync_threads();
-  const int r = *result;
-  k3::sync_threads();  // everyone has read the result before the next call overwrites it
-  return r;
+  return bi;
 }
 
 }  // namespace
@@ -263,10 +261,8 @@ K3_EXPORT(moe_router_logits_unaligned);
 K3_KERNEL void moe_router_topk(const float* logits, int64_t lstride, const float* bias, int64_t bs0, int* topk_ids,
                                int64_t is0, int64_t is1, float* topk_weights, int64_t ows0, int64_t ows1, int tokens,
                                int experts, int top_k, int n_group, int topk_group, int renormalize, float scaling) {
-  K3_SHARED(float, warp_key, [kRouterMaxWarps]);
-  K3_SHARED(int, warp_idx, [kRouterMaxWarps]);
-  K3_SHARED(int, pick, [1]);
-  K3_SHARED(float, denom, [1]);
+  K3_SHARED(float, warp_key, [2][kRouterMaxWarps]);
+  K3_SHARED(int, warp_idx, [2][kRouterMaxWarps]);
   float* scores = k3::dynamic_shared<float>();
   float* sel = scores + experts;
   int* blocked = reinterpret_cast<int*>(sel + experts);
@@ -277,6 +273,7 @@ K3_KERNEL void moe_router_topk(const float* logits, int64_t lstride, const float
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int nthreads = static_cast<int>(k3::block_dim_x());
   const int group_size = experts / n_group;
+  int parity = 0;  // router_block_argmax's buffer
 
   for (int t = static_cast<int>(k3::block_idx_x()); t < tokens; t += static_cast<int>(k3::grid_dim_x())) {
     // 2-3. sigmoid scores and selection scores, 4 logits per 16-byte load (the row's padding
@@ -319,36 +316,34 @@ K3_KERNEL void moe_router_topk(const float* logits, int64_t lstride, const float
       }
       k3::sync_threads();
       for (int j = 0; j < topk_group; ++j) {
-        const int g = router_block_argmax(gscore, gblocked, n_group, warp_key, warp_idx, pick);
+        const int g = router_block_argmax(gscore, gblocked, n_group, warp_key, warp_idx, parity);
+        parity ^= 1;
         if (g < 0) break;  // uniform: every thread saw the same result
         for (int i = tid; i < group_size; i += nthreads) blocked[g * group_size + i] = 0;
-        if (tid == 0) gblocked[g] = 1;
-        k3::sync_threads();
+        if (tid == g % nthreads) gblocked[g] = 1;
+        k3::sync_threads();  // the group's experts are unflagged by other threads than their owners
       }
     }
 
-    // 5. top-k by repeated block argmax (the plan guarantees enough unmasked experts).
+    // 5. top-k by repeated block argmax (the plan guarantees enough unmasked experts), one
+    // barrier per pick: the owners flag the picked expert and record pick j, and every thread
+    // sums the picked unbiased scores in selection order (the reference's sequential f32 sum).
+    float sum = 0.0f;
     for (int j = 0; j < top_k; ++j) {
-      const int e = router_block_argmax(sel, blocked, experts, warp_key, warp_idx, pick);
-      if (tid == 0) {
-        chosen[j] = e;
-        if (e >= 0) blocked[e] = 1;
-      }
-      k3::sync_threads();
+      const int e = router_block_argmax(sel, blocked, experts, warp_key, warp_idx, parity);
+      parity ^= 1;
+      if (tid == j % nthreads) chosen[j] = e;
+      if (e >= 0 && tid == e % nthreads) blocked[e] = 1;
+      sum += e >= 0 ? scores[e] : 0.0f;
     }
 
-    // 6. weights from the unbiased scores, sequential f32 sum in selection order.
-    if (tid == 0) {
-      float sum = 0.0f;
-      for (int j = 0; j < top_k; ++j) sum += chosen[j] >= 0 ? scores[chosen[j]] : 0.0f;
-      denom[0] = renormalize ? sum + 1e-20f : 1.0f;
-    }
-    k3::sync_threads();
+    // 6. weights from the unbiased scores; thread j % nthreads reads the pick it recorded.
+    const float denom = renormalize ? sum + 1e-20f : 1.0f;
     for (int j = tid; j < top_k; j += nthreads) {
       const int e = chosen[j];
       const float s = e >= 0 ? scores[e] : 0.0f;
       topk_ids[t * is0 + j * is1] = e;
-      topk_weights[t * ows0 + j * ows1] = s / denom[0] * scaling;
+      topk_weights[t * ows0 + j * ows1] = s / denom * scaling;
     }
     k3::sync_threads();  // shared arrays are rewritten by the next token
   }
