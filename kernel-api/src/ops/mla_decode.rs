@@ -73,10 +73,10 @@
 //! write `out`/`lse` directly and need no slot. An unsplit Gluon plan needs no workspace.
 //!
 //! AsmStyle plans also reserve room, after the LSEs at byte [`MlaDecodePlan::schedule_offset`],
-//! for the schedule as a GPU keeps it (i32): `items` `[n_items, 5]` = (batch, head group,
-//! kv_start, kv_end, slot or -1), `cu_indptr` `[compute_units + 1]`, then, from the next 16-byte
-//! boundary (one 16-byte load per entry), `reduce` `[n_reduce, 4]` = (batch, head group, first
-//! slot, count); [`MlaDecodePlan::schedule_arrays`] gives the three offsets. GPU backends
+//! for the schedule as a GPU keeps it (i32): `items` `[n_items, 4]` = (batch x head groups + head
+//! group, kv_start, kv_end, slot or -1), `cu_indptr` `[compute_units + 1]`, then, from the next
+//! 16-byte boundary, `reduce` `[n_reduce, 4]` = (batch, head group, first slot, count); the
+//! schedule offset is 16-byte aligned, so an item and a reduce entry are one 16-byte load each; [`MlaDecodePlan::schedule_arrays`] gives the three offsets. GPU backends
 //! rebuild it there with a device kernel from `seq_lens` (AITER's `get_mla_metadata_v1`: `run`
 //! never uploads); the CPU reference executes the host copy and leaves those bytes alone.
 //! [`MlaDecode::prepare_schedule`] builds it once per decode step and [`MlaDecode::run_prepared`]
@@ -406,7 +406,7 @@ impl MlaDecodePlan {
         if self.kernel == MlaKernel::Gluon {
             return Some([items; 4]);
         }
-        let cu_indptr = items.checked_add(s.items.len().checked_mul(20)?)?;
+        let cu_indptr = items.checked_add(s.items.len().checked_mul(16)?)?;
         let reduce = cu_indptr.checked_add(s.cu_indptr.len().checked_mul(4)?)?.checked_next_multiple_of(16)?;
         Some([items, cu_indptr, reduce, reduce.checked_add(s.reduce.len().checked_mul(16)?)?])
     }

@@ -6,8 +6,9 @@
 //
 // Workspace (floats / ints, byte offsets from the plan): partial outs [slot][q_len][16][latent],
 // partial LSEs [slot][q_len][16]; asm plans then hold the schedule the metadata kernel writes:
-// items [n_items][5] = (batch, head_group, kv_start, kv_end, slot or -1), cu_indptr [cus + 1],
-// reduce entries [n_reduce][4] = (batch, head_group, first slot, count) from a 16-byte boundary.
+// items [n_items][4] = (batch * head_groups + head_group, kv_start, kv_end, slot or -1), one
+// 16-byte load each, cu_indptr [cus + 1], reduce entries [n_reduce][4] = (batch, head_group,
+// first slot, count) from a 16-byte boundary.
 //
 // Device metadata is checked (k3/checks.h) once per work item, before any thread reads the
 // cache: seq_lens[b] in [q_len, bt_cols * page_size] and the block-table entries of the item's
@@ -196,12 +197,14 @@ K3_AMD_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
   const int64_t range_lo[2] = {0, 0}, range_hi[2] = {n_items + 1, n_items + 1};
   if (!k3::entry_ok(err, k3::kCheckMlaDecodeCuIndptr, unit, range, range_lo, range_hi)) return;  // block-uniform
   for (int w = static_cast<int>(range[0]); w < range[1]; ++w) {
-    const int* it = items + 5 * static_cast<int64_t>(w);
-    const int b = it[0], g = it[1], kv_start = it[2], kv_end = it[3], slot = it[4];
-    const int64_t v[5] = {b, g, kv_start, kv_end, slot};
-    const int64_t lo[5] = {0, 0, 0, kv_start, -1};
-    const int64_t hi[5] = {batch, head_groups, keys + 1, keys + 1, num_partials};
+    const k3::u32x4 it = k3::load_16b(items + 4 * static_cast<int64_t>(w));  // the whole item, one load
+    const int pair = static_cast<int>(it.v[0]), kv_start = static_cast<int>(it.v[1]);
+    const int kv_end = static_cast<int>(it.v[2]), slot = static_cast<int>(it.v[3]);
+    const int64_t v[4] = {pair, kv_start, kv_end, slot};
+    const int64_t lo[4] = {0, 0, kv_start, -1};
+    const int64_t hi[4] = {static_cast<int64_t>(batch) * head_groups, keys + 1, keys + 1, num_partials};
     if (!k3::entry_ok(err, k3::kCheckMlaDecodeScheduleItems, w, v, lo, hi)) continue;  // block-uniform
+    const int b = pair / head_groups, g = pair % head_groups;
     const int seq_len = seq_lens[b * sl_s];  // run_prepared's seq_lens are not the ones the schedule checked
     if (!seq_len_ok(err, k3::kCheckMlaDecodeSeqLens, b, seq_len, q_len, bt_cols, page_size)) continue;  // block-uniform
     const mla::Cache c =
@@ -310,12 +313,9 @@ K3_KERNEL void mla_decode_asm_schedule(const int* seq_lens, int64_t sl_s, int ba
       const int64_t ge = next < off + len ? next : off + len;
       const int64_t idx = item0 + k;
       if (idx < n_items) {
-        int* it = items + 5 * idx;
-        it[0] = b;
-        it[1] = g;
-        it[2] = static_cast<int>(gs - off);
-        it[3] = static_cast<int>(ge - off);
-        it[4] = n > 1 ? static_cast<int>(slot0 + k) : -1;
+        const k3::u32x4 it = {{static_cast<uint32_t>(p), static_cast<uint32_t>(gs - off), static_cast<uint32_t>(ge - off),
+                               static_cast<uint32_t>(n > 1 ? slot0 + k : -1)}};
+        k3::store_16b(items + 4 * idx, it);
         if (gs % quota == 0 && gs / quota < cus) cu_indptr[gs / quota] = static_cast<int>(idx);
       }
     }

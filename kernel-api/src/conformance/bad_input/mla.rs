@@ -311,8 +311,8 @@ pub fn mla_decode_prepared_schedule_overwritten<B: Backend + MlaDecode + CopyCas
     let (items, cu_indptr, reduce) = plan.schedule_arrays();
     let mut targets = vec![("cu_indptr[1]", cu_indptr + 4)];
     let w = s.items.len() - 1;
-    for (col, name) in ["batch", "head group", "kv_start", "kv_end", "slot"].iter().enumerate() {
-        targets.push((name, items + 20 * w + 4 * col));
+    for (col, name) in ["batch x head groups + head group", "kv_start", "kv_end", "slot"].iter().enumerate() {
+        targets.push((name, items + 16 * w + 4 * col));
     }
     for (col, name) in ["reduce batch", "reduce head group", "reduce first slot", "reduce count"].iter().enumerate() {
         targets.push((name, reduce + 4 * col));
