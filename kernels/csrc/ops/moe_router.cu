@@ -6,7 +6,7 @@
 // of kRouterThreads holds kRouterThreads / kRouterGroupThreads experts, a group of 64 threads (two
 // warps on NVIDIA, one wave on AMD) per expert row, and a tile of up to kRouterTokenTile tokens
 // (grid.y). K3 at batch 1 is 224 blocks. A group reads its row in 16-byte chunks of 8 values, up
-// to 8 chunks per thread in flight (kRouterSlab), and multiplies each against the tile's tokens
+// to 8 chunks per thread in flight (a slab), and multiplies each against the tile's tokens
 // (x rows are re-read per weight chunk: L1/L2 hits, the weight is read once per token tile).
 // Products and sums in f32 (bf16 products are exact in f32); one group reduction per token.
 // moe_router_logits_unaligned is the same grid for rows that are not 16-byte aligned or
@@ -16,7 +16,7 @@
 // sigmoid and the bias-corrected selection score go to shared memory. Group masking and the top-k
 // are repeated block-level argmax selections over shared memory (thread-local best over strided
 // candidates, warp shuffle reduction, one barrier, then every thread reduces the warps' winners
-// itself: K3's top-16 costs 16 barriers, was 48 and a serial pass of thread 0), with the total order
+// itself: K3's top-16 costs 16 barriers, was 64 and a serial pass of thread 0), with the total order
 // "larger key first, lower index on ties, NaN like -inf", so the result does not depend on the
 // reduction order. Weights come from the unbiased scores.
 //
@@ -27,6 +27,10 @@
 namespace {
 
 constexpr int kRouterMaxWarps = 32;
+constexpr int kRouterThreads = 256;      // the logits launchers' block size
+constexpr int kRouterGroupThreads = 64;  // threads per expert row
+constexpr int kRouterTokenTile = 8;      // tokens per block (grid.y)
+constexpr int kRouterGroups = kRouterThreads / kRouterGroupThreads;
 
 K3_DEVICE float router_key(float v) { return v != v ? k3::uint_as_float(0xff800000u) : v; }
 
@@ -86,15 +90,6 @@ K3_DEVICE int router_block_argmax(const float* vals, const int* blocked, int n, 
 
 }  // namespace
 
-namespace {
-
-constexpr int kRouterThreads = 256;      // the launchers' block size
-constexpr int kRouterGroupThreads = 64;  // threads per expert row
-constexpr int kRouterTokenTile = 8;      // tokens per block (grid.y)
-constexpr int kRouterGroups = kRouterThreads / kRouterGroupThreads;
-
-}  // namespace
-
 // The logits kernels' block size, so AMD does not cap a lane at the 128 VGPRs of a 1024-thread
 // block (the unaligned kernel spilled to scratch on gfx942 under that cap), and two blocks per
 // SM on NVIDIA: K3's 224 blocks at batch 1 are resident at once on 132 SMs.
@@ -144,34 +139,34 @@ K3_DEVICE K3_AMD_INLINE void router_dot_rows(const void* w_row, const void* x, i
   constexpr int kXBytes = kXBf16 ? 2 : 4;
   for (int c0 = gt; c0 < chunks; c0 += kSlab * kRouterGroupThreads) {
     RouterChunk<kWBf16> wc[kSlab];
-K3_UNROLL
+    K3_UNROLL
     for (int s = 0; s < kSlab; ++s) {
       const int c = c0 + s * kRouterGroupThreads;
       wc[s] = c < chunks ? router_load_chunk<kWBf16>(w_row, c) : RouterChunk<kWBf16>{};
     }
-K3_UNROLL
+    K3_UNROLL
     for (int j = 0; j < kRouterTokenTile; ++j) {
       if (j >= nt) break;
       const void* x_row = static_cast<const char*>(x) + (t0 + j) * xs0 * kXBytes;
       RouterChunk<kXBf16> xc[kSlab];  // all issued before the first product
-K3_UNROLL
+      K3_UNROLL
       for (int s = 0; s < kSlab; ++s) {
         const int c = c0 + s * kRouterGroupThreads;
         xc[s] = c < chunks ? router_load_chunk<kXBf16>(x_row, c) : RouterChunk<kXBf16>{};
       }
-K3_UNROLL
+      K3_UNROLL
       for (int s = 0; s < kSlab; ++s) {
         if (c0 + s * kRouterGroupThreads >= chunks) break;
-K3_UNROLL
+        K3_UNROLL
         for (int i = 0; i < 8; ++i) acc[j] += router_chunk_at<kXBf16>(xc[s], i) * router_chunk_at<kWBf16>(wc[s], i);
       }
     }
   }
 }
 
-// The group sums of acc[0..nt) into logits[(t0 + j) * lstride + expert]: a shuffle reduction per warp,
-// then (two warps per group at warp 32) the warps' partials in order. Every thread of the block
-// calls it (barrier).
+// The group sums of acc[0..nt) into logits[(t0 + j) * lstride + expert]: a shuffle reduction per
+// warp, then (two warps per group at warp 32) the warps' partials in order. Every thread of the
+// block calls it (barrier).
 K3_DEVICE K3_AMD_INLINE void router_store_logits(float (&acc)[kRouterTokenTile], float* logits, int64_t lstride,
                                                  int experts, int t0, int nt) {
   constexpr int kWarps = kRouterThreads / k3::kWarpSize;
@@ -179,7 +174,7 @@ K3_DEVICE K3_AMD_INLINE void router_store_logits(float (&acc)[kRouterTokenTile],
   K3_SHARED(float, partial, [kWarps][kRouterTokenTile]);
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int warp = tid / k3::kWarpSize;
-K3_UNROLL
+  K3_UNROLL
   for (int j = 0; j < kRouterTokenTile; ++j) {
     if (j >= nt) break;
     const float v = k3::warp_reduce_sum(acc[j]);
@@ -202,8 +197,9 @@ K3_UNROLL
 
 // x [T, H] (x_dt bf16/f32, row stride xs0, contiguous rows 16-byte aligned), w [E, H] (w_dt, ws0,
 // the same), H % 8 == 0; logits [T, lstride] f32. Grid (ceil(E / kRouterGroups), token tiles).
-K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits(const void* x, int x_dt, int64_t xs0, const void* w, int w_dt, int64_t ws0,
-                                 float* logits, int64_t lstride, int tokens, int hidden, int experts) {
+K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits(const void* x, int x_dt, int64_t xs0, const void* w, int w_dt,
+                                                      int64_t ws0, float* logits, int64_t lstride, int tokens,
+                                                      int hidden, int experts) {
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int gt = tid % kRouterGroupThreads;
   const int e = static_cast<int>(k3::block_idx_x()) * kRouterGroups + tid / kRouterGroupThreads;
@@ -231,9 +227,10 @@ K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits(const void* x, int x_dt, i
 K3_EXPORT(moe_router_logits);
 
 // Any strides and dtypes (k3::load_f32 per value); the same grid and reduction.
-K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits_unaligned(const void* x, int x_dt, int64_t xs0, int64_t xs1, const void* w, int w_dt,
-                                           int64_t ws0, int64_t ws1, float* logits, int64_t lstride, int tokens,
-                                           int hidden, int experts) {
+K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits_unaligned(const void* x, int x_dt, int64_t xs0, int64_t xs1,
+                                                                const void* w, int w_dt, int64_t ws0, int64_t ws1,
+                                                                float* logits, int64_t lstride, int tokens, int hidden,
+                                                                int experts) {
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int gt = tid % kRouterGroupThreads;
   const int e = static_cast<int>(k3::block_idx_x()) * kRouterGroups + tid / kRouterGroupThreads;
@@ -244,7 +241,7 @@ K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits_unaligned(const void* x, i
     float acc[kRouterTokenTile] = {};
     for (int i = gt; i < hidden; i += kRouterGroupThreads) {
       const float wv = k3::load_f32(w, w_dt, e_row * ws0 + i * ws1);
-K3_UNROLL
+      K3_UNROLL
       for (int j = 0; j < kRouterTokenTile; ++j) {
         if (j >= nt) break;
         acc[j] += k3::load_f32(x, x_dt, (t0 + j) * xs0 + i * xs1) * wv;
