@@ -75,10 +75,12 @@
 //! AsmStyle plans also reserve room, after the LSEs at byte [`MlaDecodePlan::schedule_offset`],
 //! for the schedule as a GPU keeps it (i32): `items` `[n_items, 4]` = (batch x head groups + head
 //! group, kv_start, kv_end, slot or -1), `cu_indptr` `[compute_units + 1]`, then, from the next
-//! 16-byte boundary, `reduce` `[n_reduce, 4]` = (batch, head group, first slot, count); the
-//! schedule offset is 16-byte aligned, so an item and a reduce entry are one 16-byte load each; [`MlaDecodePlan::schedule_arrays`] gives the three offsets. GPU backends
-//! rebuild it there with a device kernel from `seq_lens` (AITER's `get_mla_metadata_v1`: `run`
-//! never uploads); the CPU reference executes the host copy and leaves those bytes alone.
+//! 16-byte boundary, `reduce` `[n_reduce, 4]` = (batch, head group, first slot, count). The
+//! schedule offset is a multiple of 64 bytes (each slot's LSE block is 64 x q_len bytes), so an
+//! item and a reduce entry are one 16-byte load each. [`MlaDecodePlan::schedule_arrays`] gives
+//! the three offsets. GPU backends rebuild it there with a device kernel from `seq_lens`
+//! (AITER's `get_mla_metadata_v1`: `run` never uploads); the CPU reference executes the host copy
+//! and leaves those bytes alone.
 //! [`MlaDecode::prepare_schedule`] builds it once per decode step and [`MlaDecode::run_prepared`]
 //! reuses it in every MLA layer with the same plan and workspace (`run` builds it on every call).
 //! The kernels that read it check every entry against the plan's bounds (batch, head groups,
