@@ -178,13 +178,19 @@ pub fn moe_router_matches_oracle<B: Backend + MoeRouter>(b: &B) {
         (3, 8, 1, 1, true, 1.0, DType::BF16, None),
         (0, 8, 4, 2, true, 1.0, DType::F32, Some(0.1)),
         (8, 64, 40, 16, true, 1.0, DType::BF16, Some(0.02)),
-        // GPU logits kernel: two token tiles (8 + 1), E not a multiple of 4 experts per block,
-        // 25 chunks of 8 per row (a partial pass of 64 threads per expert).
-        (9, 200, 37, 5, true, 1.0, DType::BF16, Some(0.05)),
-        // A row longer than one slab of chunks per thread (bf16: 64 x 8 chunks = 4096 values;
-        // f32: 2048).
+        // GPU logits kernels. One token tile (<= 8 tokens: one expert per thread group): E not a
+        // multiple of 4 experts per block, 25 chunks of 8 per row (a partial pass of the 64
+        // threads of an expert), rows longer than one slab of chunks per thread (bf16: 64 x 8
+        // chunks = 4096 values; f32: 2048).
+        (7, 200, 37, 5, true, 1.0, DType::BF16, Some(0.05)),
         (2, 4608, 8, 2, true, 1.0, DType::BF16, Some(0.05)),
         (3, 2304, 6, 2, true, 1.0, DType::F32, None),
+        // Past one token tile (4 experts per thread group, 16 per block): two tiles (8 + 1), E
+        // not a multiple of 16, rows longer than one slab (bf16: 64 x 2 chunks = 1024 values;
+        // f32: 512).
+        (9, 200, 37, 5, true, 1.0, DType::BF16, Some(0.05)),
+        (12, 2048, 20, 4, true, 1.0, DType::BF16, Some(0.05)),
+        (10, 1024, 9, 3, true, 1.0, DType::F32, Some(0.05)),
         // hidden % 8 != 0: the unaligned logits kernel.
         (10, 20, 10, 3, true, 1.0, DType::BF16, Some(0.05)),
         (3, 13, 5, 2, false, 1.0, DType::F32, Some(0.05)),
@@ -194,8 +200,10 @@ pub fn moe_router_matches_oracle<B: Backend + MoeRouter>(b: &B) {
         check_case(b, &c, &format!("router {:?}", c.p));
     }
     for (x_dt, w_dt) in [(DType::F32, DType::BF16), (DType::BF16, DType::F32)] {
-        let c = mixed_case(&mut rng, params(9, 96, 12, 3), x_dt, w_dt);
-        check_case(b, &c, &format!("router x {x_dt} weight {w_dt}"));
+        for tokens in [5, 9] {
+            let c = mixed_case(&mut rng, params(tokens, 96, 12, 3), x_dt, w_dt);
+            check_case(b, &c, &format!("router {tokens} tokens, x {x_dt} weight {w_dt}"));
+        }
     }
 }
 

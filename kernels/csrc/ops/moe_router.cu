@@ -128,21 +128,28 @@ K3_DEVICE K3_AMD_INLINE float router_chunk_at(const RouterChunk<kBf16>& ch, int 
   return k3::uint_as_float(ch.raw[i >> 2].v[i & 3]);
 }
 
-// acc[j] += w_row . x_row(t0 + j) over this thread's chunks, j < nt (uniform). The weight slab
-// is loaded first, then each token's matching x chunks, all before the products (predicated
-// loads, no branch between them), so kSlab weight loads and then kSlab x loads are in flight at
-// once; chunks past the row's end are skipped (chunks = hidden / 8).
-template <bool kWBf16, bool kXBf16>
-K3_DEVICE K3_AMD_INLINE void router_dot_rows(const void* w_row, const void* x, int64_t xs0, int t0, int nt,
-                                             int chunks, int gt, float (&acc)[kRouterTokenTile]) {
-  constexpr int kSlab = kWBf16 && kXBf16 ? 8 : 4;  // raw registers: 32 (weight) + 32 (x) either way
+// acc[r][j] += w_rows[r] . x_row(t0 + j) over this thread's chunks, for its kEPT expert rows and
+// j < nt (uniform). The weight slab is loaded first, then each token's matching x chunks, all
+// before the products (predicated loads, no branch between them), so kEPT x kSlab weight loads
+// and then kSlab x loads are in flight at once; chunks past the row's end are skipped
+// (chunks = hidden / 8). With kEPT = 4 each x chunk serves four rows: the L1 traffic of a token
+// tile falls from 1 weight + 8 x loads per row and chunk to 1 + 2.
+template <int kEPT, bool kWBf16, bool kXBf16>
+K3_DEVICE K3_AMD_INLINE void router_dot_rows(const void* const (&w_rows)[kEPT], const void* x, int64_t xs0, int t0,
+                                             int nt, int chunks, int gt, float (&acc)[kEPT][kRouterTokenTile]) {
+  // Raw registers in flight: 32 (weight) + 32 (x) for any dtype pair and kEPT.
+  constexpr int kSlabBase = kWBf16 && kXBf16 ? 8 : 4;
+  constexpr int kSlab = kSlabBase / kEPT > 0 ? kSlabBase / kEPT : 1;
   constexpr int kXBytes = kXBf16 ? 2 : 4;
   for (int c0 = gt; c0 < chunks; c0 += kSlab * kRouterGroupThreads) {
-    RouterChunk<kWBf16> wc[kSlab];
+    RouterChunk<kWBf16> wc[kEPT][kSlab];
     K3_UNROLL
-    for (int s = 0; s < kSlab; ++s) {
-      const int c = c0 + s * kRouterGroupThreads;
-      wc[s] = c < chunks ? router_load_chunk<kWBf16>(w_row, c) : RouterChunk<kWBf16>{};
+    for (int r = 0; r < kEPT; ++r) {
+      K3_UNROLL
+      for (int s = 0; s < kSlab; ++s) {
+        const int c = c0 + s * kRouterGroupThreads;
+        wc[r][s] = c < chunks ? router_load_chunk<kWBf16>(w_rows[r], c) : RouterChunk<kWBf16>{};
+      }
     }
     K3_UNROLL
     for (int j = 0; j < kRouterTokenTile; ++j) {
@@ -158,75 +165,109 @@ K3_DEVICE K3_AMD_INLINE void router_dot_rows(const void* w_row, const void* x, i
       for (int s = 0; s < kSlab; ++s) {
         if (c0 + s * kRouterGroupThreads >= chunks) break;
         K3_UNROLL
-        for (int i = 0; i < 8; ++i) acc[j] += router_chunk_at<kXBf16>(xc[s], i) * router_chunk_at<kWBf16>(wc[s], i);
+        for (int r = 0; r < kEPT; ++r) {
+          K3_UNROLL
+          for (int i = 0; i < 8; ++i) {
+            acc[r][j] += router_chunk_at<kXBf16>(xc[s], i) * router_chunk_at<kWBf16>(wc[r][s], i);
+          }
+        }
       }
     }
   }
 }
 
-// The group sums of acc[0..nt) into logits[(t0 + j) * lstride + expert]: a shuffle reduction per
-// warp, then (two warps per group at warp 32) the warps' partials in order. Every thread of the
-// block calls it (barrier).
-K3_DEVICE K3_AMD_INLINE void router_store_logits(float (&acc)[kRouterTokenTile], float* logits, int64_t lstride,
+// The group sums of acc[r][0..nt) into logits[(t0 + j) * lstride + expert]: a shuffle reduction
+// per warp, then (two warps per group at warp 32) the warps' partials in order. Group g of block
+// x holds experts (x * kRouterGroups + g) * kEPT + r. Every thread of the block calls it
+// (barrier).
+template <int kEPT>
+K3_DEVICE K3_AMD_INLINE void router_store_logits(float (&acc)[kEPT][kRouterTokenTile], float* logits, int64_t lstride,
                                                  int experts, int t0, int nt) {
   constexpr int kWarps = kRouterThreads / k3::kWarpSize;
   constexpr int kGroupWarps = kRouterGroupThreads / k3::kWarpSize;
-  K3_SHARED(float, partial, [kWarps][kRouterTokenTile]);
+  constexpr int kSums = kRouterGroups * kEPT * kRouterTokenTile;
+  K3_SHARED(float, partial, [kWarps][kEPT][kRouterTokenTile]);
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int warp = tid / k3::kWarpSize;
   K3_UNROLL
-  for (int j = 0; j < kRouterTokenTile; ++j) {
-    if (j >= nt) break;
-    const float v = k3::warp_reduce_sum(acc[j]);
-    if (k3::lane_id() == 0) partial[warp][j] = v;
+  for (int r = 0; r < kEPT; ++r) {
+    K3_UNROLL
+    for (int j = 0; j < kRouterTokenTile; ++j) {
+      if (j >= nt) break;
+      const float v = k3::warp_reduce_sum(acc[r][j]);
+      if (k3::lane_id() == 0) partial[warp][r][j] = v;
+    }
   }
   k3::sync_threads();
-  if (tid < kRouterGroups * kRouterTokenTile) {
-    const int g = tid / kRouterTokenTile, j = tid % kRouterTokenTile;
-    const int e = static_cast<int>(k3::block_idx_x()) * kRouterGroups + g;
+  static_assert(kSums <= kRouterThreads, "one sum per thread");
+  if (tid < kSums) {
+    const int g = tid / (kEPT * kRouterTokenTile), r = tid / kRouterTokenTile % kEPT, j = tid % kRouterTokenTile;
+    const int e = (static_cast<int>(k3::block_idx_x()) * kRouterGroups + g) * kEPT + r;
     if (j < nt && e < experts) {
       float sum = 0.0f;
-      for (int w = 0; w < kGroupWarps; ++w) sum += partial[g * kGroupWarps + w][j];
+      for (int w = 0; w < kGroupWarps; ++w) sum += partial[g * kGroupWarps + w][r][j];
       logits[(t0 + j) * lstride + e] = sum;
     }
   }
   k3::sync_threads();  // partial is rewritten by the next token tile
 }
 
-}  // namespace
-
-// x [T, H] (x_dt bf16/f32, row stride xs0, contiguous rows 16-byte aligned), w [E, H] (w_dt, ws0,
-// the same), H % 8 == 0; logits [T, lstride] f32. Grid (ceil(E / kRouterGroups), token tiles).
-K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits(const void* x, int x_dt, int64_t xs0, const void* w, int w_dt,
-                                                      int64_t ws0, float* logits, int64_t lstride, int tokens,
-                                                      int hidden, int experts) {
+// The 16-byte logits kernels' body: group g of the block holds kEPT consecutive experts (rows
+// past the last expert read row experts - 1, in bounds, and store nothing).
+template <int kEPT>
+K3_DEVICE K3_AMD_INLINE void router_logits_body(const void* x, int x_dt, int64_t xs0, const void* w, int w_dt,
+                                                int64_t ws0, float* logits, int64_t lstride, int tokens, int hidden,
+                                                int experts) {
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int gt = tid % kRouterGroupThreads;
-  const int e = static_cast<int>(k3::block_idx_x()) * kRouterGroups + tid / kRouterGroupThreads;
+  const int e0 = (static_cast<int>(k3::block_idx_x()) * kRouterGroups + tid / kRouterGroupThreads) * kEPT;
   const int chunks = hidden / 8;
   const bool w_bf16 = w_dt == k3::kBF16, x_bf16 = x_dt == k3::kBF16;
-  // A group past the last expert reads row experts - 1 (in bounds) and stores nothing.
-  const int e_row = e < experts ? e : experts - 1;
-  const void* w_row = static_cast<const char*>(w) + e_row * ws0 * (w_bf16 ? 2 : 4);
+  const void* w_rows[kEPT];
+  K3_UNROLL
+  for (int r = 0; r < kEPT; ++r) {
+    const int e_row = e0 + r < experts ? e0 + r : experts - 1;
+    w_rows[r] = static_cast<const char*>(w) + e_row * ws0 * (w_bf16 ? 2 : 4);
+  }
   for (int t0 = static_cast<int>(k3::block_idx_y()) * kRouterTokenTile; t0 < tokens;
        t0 += static_cast<int>(k3::grid_dim_y()) * kRouterTokenTile) {
     const int nt = tokens - t0 < kRouterTokenTile ? tokens - t0 : kRouterTokenTile;
-    float acc[kRouterTokenTile] = {};
+    float acc[kEPT][kRouterTokenTile] = {};
     if (w_bf16 && x_bf16) {
-      router_dot_rows<true, true>(w_row, x, xs0, t0, nt, chunks, gt, acc);
+      router_dot_rows<kEPT, true, true>(w_rows, x, xs0, t0, nt, chunks, gt, acc);
     } else if (w_bf16) {
-      router_dot_rows<true, false>(w_row, x, xs0, t0, nt, chunks, gt, acc);
+      router_dot_rows<kEPT, true, false>(w_rows, x, xs0, t0, nt, chunks, gt, acc);
     } else if (x_bf16) {
-      router_dot_rows<false, true>(w_row, x, xs0, t0, nt, chunks, gt, acc);
+      router_dot_rows<kEPT, false, true>(w_rows, x, xs0, t0, nt, chunks, gt, acc);
     } else {
-      router_dot_rows<false, false>(w_row, x, xs0, t0, nt, chunks, gt, acc);
+      router_dot_rows<kEPT, false, false>(w_rows, x, xs0, t0, nt, chunks, gt, acc);
     }
-    router_store_logits(acc, logits, lstride, experts, t0, nt);
+    router_store_logits<kEPT>(acc, logits, lstride, experts, t0, nt);
   }
+}
+
+}  // namespace
+
+// x [T, H] (x_dt bf16/f32, row stride xs0, contiguous rows 16-byte aligned), w [E, H] (w_dt, ws0,
+// the same), H % 8 == 0; logits [T, lstride] f32. One expert per thread group: grid
+// (ceil(E / kRouterGroups), token tiles); the launcher's choice up to one token tile (decode).
+K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits(const void* x, int x_dt, int64_t xs0, const void* w, int w_dt,
+                                                      int64_t ws0, float* logits, int64_t lstride, int tokens,
+                                                      int hidden, int experts) {
+  router_logits_body<1>(x, x_dt, xs0, w, w_dt, ws0, logits, lstride, tokens, hidden, experts);
 }
 K3_EXPORT(moe_router_logits);
 
-// Any strides and dtypes (k3::load_f32 per value); the same grid and reduction.
+// The same with 4 experts per thread group, so each x chunk a thread loads serves four rows:
+// grid (ceil(E / (4 kRouterGroups)), token tiles); the launcher's choice past one token tile.
+K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits_batched(const void* x, int x_dt, int64_t xs0, const void* w,
+                                                              int w_dt, int64_t ws0, float* logits, int64_t lstride,
+                                                              int tokens, int hidden, int experts) {
+  router_logits_body<4>(x, x_dt, xs0, w, w_dt, ws0, logits, lstride, tokens, hidden, experts);
+}
+K3_EXPORT(moe_router_logits_batched);
+
+// Any strides and dtypes (k3::load_f32 per value); one expert per group, as moe_router_logits.
 K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits_unaligned(const void* x, int x_dt, int64_t xs0, int64_t xs1,
                                                                 const void* w, int w_dt, int64_t ws0, int64_t ws1,
                                                                 float* logits, int64_t lstride, int tokens, int hidden,
@@ -238,16 +279,16 @@ K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits_unaligned(const void* x, i
   for (int t0 = static_cast<int>(k3::block_idx_y()) * kRouterTokenTile; t0 < tokens;
        t0 += static_cast<int>(k3::grid_dim_y()) * kRouterTokenTile) {
     const int nt = tokens - t0 < kRouterTokenTile ? tokens - t0 : kRouterTokenTile;
-    float acc[kRouterTokenTile] = {};
+    float acc[1][kRouterTokenTile] = {};
     for (int i = gt; i < hidden; i += kRouterGroupThreads) {
       const float wv = k3::load_f32(w, w_dt, e_row * ws0 + i * ws1);
       K3_UNROLL
       for (int j = 0; j < kRouterTokenTile; ++j) {
         if (j >= nt) break;
-        acc[j] += k3::load_f32(x, x_dt, (t0 + j) * xs0 + i * xs1) * wv;
+        acc[0][j] += k3::load_f32(x, x_dt, (t0 + j) * xs0 + i * xs1) * wv;
       }
     }
-    router_store_logits(acc, logits, lstride, experts, t0, nt);
+    router_store_logits<1>(acc, logits, lstride, experts, t0, nt);
   }
 }
 K3_EXPORT(moe_router_logits_unaligned);

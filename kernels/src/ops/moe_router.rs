@@ -1,7 +1,10 @@
-//! MoE router launcher (csrc/ops/moe_router.cu): `moe_router_logits` (or `_unaligned`) writes the
-//! f32 logits of every (token, expert) into the workspace, 4 experts x 8 tokens per block, so the
-//! router weight is spread over the card (K3 at batch 1: 224 blocks); `moe_router_topk` then
-//! selects per token, one block each.
+//! MoE router launcher (csrc/ops/moe_router.cu): a logits kernel writes the f32 logits of every
+//! (token, expert) into the workspace, then `moe_router_topk` selects per token, one block each.
+//! Logits: up to one token tile (8 tokens, decode) `moe_router_logits`, 4 experts x 8 tokens per
+//! block, so the router weight is spread over the card (K3 at batch 1: 224 blocks); past one tile
+//! `moe_router_logits_batched`, 16 experts per block (4 per thread group), so each x chunk a
+//! thread loads serves four rows; rows that are not contiguous and 16-byte aligned (or a hidden
+//! size not a multiple of 8) take `moe_router_logits_unaligned`.
 
 use crate::gpu_backend::{arg, blocks_for, dtype_code, rows_16b, to_i32, GpuBackend};
 use crate::runtime::{KernelArgs, LaunchConfig, Runtime};
@@ -9,7 +12,8 @@ use kernel_api::ops::{check_workspace, MoeRouter, MoeRouterArgs, MoeRouterParams
 use kernel_api::{Backend, DType, Error, Layout, Result, TensorRef};
 
 const THREADS: u32 = 256;
-/// Experts per logits block (moe_router.cu: kRouterThreads / kRouterGroupThreads).
+/// Experts per block of `moe_router_logits` / `_unaligned` (moe_router.cu: kRouterThreads /
+/// kRouterGroupThreads); `moe_router_logits_batched` holds 4 times as many.
 const LOGIT_EXPERTS: usize = 4;
 /// Tokens per logits block (kRouterTokenTile).
 const LOGIT_TOKENS: usize = 8;
@@ -92,9 +96,13 @@ impl<R: Runtime> MoeRouter for GpuBackend<R> {
         arg(&mut a, to_i32("params.tokens", p.tokens)?);
         arg(&mut a, to_i32("params.hidden", p.hidden)?);
         arg(&mut a, to_i32("params.experts", p.experts)?);
-        // experts fits an i32 (the plan checks it), so the expert groups fit grid.x.
-        let grid = (p.experts.div_ceil(LOGIT_EXPERTS) as u32, blocks_for(p.tokens, LOGIT_TOKENS));
-        let name = if vector { "moe_router_logits" } else { "moe_router_logits_unaligned" };
+        let (name, per_block) = match (vector, p.tokens > LOGIT_TOKENS) {
+            (false, _) => ("moe_router_logits_unaligned", LOGIT_EXPERTS),
+            (true, false) => ("moe_router_logits", LOGIT_EXPERTS),
+            (true, true) => ("moe_router_logits_batched", 4 * LOGIT_EXPERTS),
+        };
+        // experts fits an i32 (the plan checks it), so the expert blocks fit grid.x.
+        let grid = (p.experts.div_ceil(per_block) as u32, blocks_for(p.tokens, LOGIT_TOKENS));
         self.launch(name, LaunchConfig::new(grid, THREADS, 0), &mut a, stream)?;
 
         let mut a = KernelArgs::new();
