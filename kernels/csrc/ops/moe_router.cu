@@ -9,8 +9,10 @@
 // to 8 chunks per thread in flight (a slab), and multiplies each against the tile's tokens
 // (x rows are re-read per weight chunk: L1/L2 hits, the weight is read once per token tile).
 // Products and sums in f32 (bf16 products are exact in f32); one group reduction per token.
-// moe_router_logits_unaligned is the same grid for rows that are not 16-byte aligned or
-// contiguous (any strides, per-value dtype-dispatched loads).
+// moe_router_logits_batched (the launcher's choice past one token tile) gives each group 4
+// experts, 16 per block, so every x chunk a thread loads serves four weight rows.
+// moe_router_logits_unaligned is moe_router_logits' grid for rows that are not 16-byte aligned
+// or contiguous (any strides, per-value dtype-dispatched loads).
 //
 // moe_router_topk: one block per token (grid-stride over tokens) reads its logits row, then the
 // sigmoid and the bias-corrected selection score go to shared memory. Group masking and the top-k
