@@ -50,7 +50,8 @@ fn smoke_run_on_simt32_reports_every_op_family() {
     };
     // Smoke shapes: 1 head count; 2 prefill batches, 2 decode batches, 2 MLA batches x 1 context
     // per cache format and (warp 32) the fp8 cache at 2 and 3 KV stages, 2 MoE token counts
-    // (each with checks on and off), 2 GEMM shapes x 2 token counts x 1 route (checks on).
+    // (each with checks on and off) and, at the one past 8 tokens, the router on f32 x once per
+    // logits path, 2 GEMM shapes x 2 token counts x 1 route (checks on).
     for checks in ["on", "off"] {
         let count = |op: &str, dtype_has: &str| count_with(op, dtype_has, checks);
         assert_eq!(count("kda_prefill", ""), 2, "checks {checks}");
@@ -63,7 +64,11 @@ fn smoke_run_on_simt32_reports_every_op_family() {
             assert_eq!(swept.count(), 1, "{label}, checks {checks}");
         }
         for op in ["moe_router", "moe_align", "moe_gemm_gate_up", "moe_gemm_down", "moe_combine", "moe"] {
-            assert_eq!(count(op, ""), 2, "{op}, checks {checks}");
+            assert_eq!(count(op, ""), if op == "moe_router" { 4 } else { 2 }, "{op}, checks {checks}");
+        }
+        for path in ["matrix units", "cuda cores"] {
+            let rows = rows.iter().filter(|r| r["op"] == "moe_router" && r["device_checks"] == checks && r["shape"].as_str().is_some_and(|s| s.ends_with(path)));
+            assert_eq!(rows.filter(|r| r["dtype"].as_str().is_some_and(|d| d.starts_with("f32 x"))).count(), 1, "router logits={path}, checks {checks}");
         }
     }
     assert_eq!(count_with("dense_gemm", "bf16", "on"), 4);

@@ -22,6 +22,9 @@ pub struct GpuBackend<R: Runtime> {
     /// The MLA `*_mma` kernels' KV pipeline stages, fixed by `set_mla_kv_stages` (0: chosen from
     /// the device's shared memory).
     pub(crate) mla_kv_stages: AtomicUsize,
+    /// Whether the router's logits past one token tile stay off the matrix units, set by
+    /// `set_router_matrix_units` (false: the default, a bf16 weight takes the MMA kernel).
+    pub(crate) router_cores_only: AtomicBool,
 }
 
 impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
@@ -53,6 +56,7 @@ impl<R: Runtime> GpuBackend<R> {
             checks,
             checks_on: AtomicBool::new(true),
             mla_kv_stages: AtomicUsize::new(0),
+            router_cores_only: AtomicBool::new(false),
         };
         b.set_device_checks(mode);
         Ok(b)

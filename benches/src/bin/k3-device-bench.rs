@@ -12,7 +12,8 @@
 //! MLA decode (batch 1/16/64 at context 8k and 64k, bf16 and fp8-tiled caches), each at 12 and 96
 //! heads (96 = the whole model, 12 = one GPU of TP8); the latent MoE's routed path (router,
 //! align, MXFP4 grouped GEMMs gate-up and down, combine; 896 experts, top 16, latent 3584, expert
-//! width 384 = 3072 / TP8) at 1, 64 and 1024 tokens, per stage and in total; the bf16 dense GEMM
+//! width 384 = 3072 / TP8) at 1, 64 and 1024 tokens, per stage and in total, and past 8 tokens
+//! the router on the model's f32 x once per logits path (matrix units, CUDA cores); the bf16 dense GEMM
 //! of the latent down/up projections and the per-GPU KDA projections at 1, 64 and 1024 tokens,
 //! once per GEMM route of the backend (CUDA: cuBLASLt and the dialect's kernel; ROCm: hipBLASLt
 //! and the dialect's kernel). The MLA fp8 cache is tiled in the device's own flavour (e4m3fnuz on
@@ -347,7 +348,7 @@ fn shapes(smoke: bool) -> Shapes {
             mla_ctx: vec![64],
             mla_kv_stages: vec![2, 3],
             moe: (64, 64, 32, 8, 2),
-            moe_tokens: vec![1, 4],
+            moe_tokens: vec![1, 12],
             gemm: vec![(64, 128, "down"), (128, 64, "up")],
             gemm_tokens: vec![1, 8],
             copy_bytes: 1 << 20,
@@ -535,6 +536,31 @@ fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, u
     c.push("moe", shape, dt, us, total(&costs))
 }
 
+/// The router alone on the model's f32 x and bf16 weight, past one token tile, once per logits
+/// path (`GpuBackend::set_router_matrix_units`: the matrix-unit kernel, the default, and the
+/// CUDA-core one), side by side in one run.
+fn router_paths<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, usize, usize)) -> Result<()> {
+    let b = c.b;
+    let (hidden, _, _, e, k) = dims;
+    let x = normal(b, DType::F32, &[t, hidden], 1.0, 36)?;
+    let w = normal(b, DType::BF16, &[e, hidden], 0.03, 33)?;
+    let bias = normal(b, DType::F32, &[e], 0.05, 34)?;
+    let (mut ids, mut wts) = (b.zeros(DType::I32, &[t, k])?, b.zeros(DType::F32, &[t, k])?);
+    let plan = MoeRouter::plan(b, &MoeRouterParams::sigmoid(t, hidden, e, k))?;
+    let mut w_s = ws(b, MoeRouter::workspace_size(b, &plan))?;
+    for (path, on) in [("matrix units", true), ("cuda cores", false)] {
+        b.set_router_matrix_units(on);
+        let us = c.time(|| {
+            let args = MoeRouterArgs { x: x.as_ref(), weight: w.as_ref(), bias: Some(bias.as_ref()), topk_ids: ids.as_mut(), topk_weights: wts.as_mut() };
+            MoeRouter::run(b, &plan, args, w_s.as_mut(), b.default_stream())
+        });
+        b.set_router_matrix_units(true);
+        let shape = format!("tokens={t} hidden={hidden} experts={e} top_k={k} logits={path}");
+        c.push("moe_router", shape, "f32 x, bf16 weight, f32 scores", us?, plan.params.cost(DType::F32, DType::BF16))?;
+    }
+    Ok(())
+}
+
 /// `out = x · Wᵀ` in bf16 through the contract's `Gemm`, once per route of the runtime (on
 /// CUDA: cuBLASLt and the dialect's MMA kernel, side by side in one run).
 fn dense_gemm<R: Runtime>(c: &mut Bench<'_, R>, m: usize, n: usize, k: usize, what: &str, routes: &[(&str, &dyn Fn())]) -> Result<()> {
@@ -634,6 +660,9 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
     }
     for &t in &sh.moe_tokens {
         checked(&mut c, format!("moe t={t}"), &mut |c| moe(c, t, sh.moe));
+        if t > 8 {
+            checked(&mut c, format!("moe_router t={t}, both logits paths"), &mut |c| router_paths(c, t, sh.moe));
+        }
     }
     for &(n, k, what) in &sh.gemm {
         for &m in &sh.gemm_tokens {

@@ -205,6 +205,54 @@ pub fn moe_router_matches_oracle<B: Backend + MoeRouter>(b: &B) {
             check_case(b, &c, &format!("router {tokens} tokens, x {x_dt} weight {w_dt}"));
         }
     }
+    // Past one token tile with a bf16 weight (the GPU's tensor-core logits, k split over the
+    // planes the selection adds): two token tiles of 32 (the second with one live fragment of
+    // 8 on m16n8k16), two expert tiles of 64 (the second with one warp past E and one partial
+    // 16-row fragment), a partial last window of 32 (hidden 200 = 6 x 32 + 8), and f32 x (cut
+    // into three bf16 planes) as well as bf16 x.
+    for x_dt in [DType::F32, DType::BF16] {
+        for (tokens, hidden, experts) in [(41, 200, 100), (33, 1056, 70)] {
+            let c = mixed_case(&mut rng, params(tokens, hidden, experts, 6), x_dt, DType::BF16);
+            check_case(b, &c, &format!("router {tokens} tokens, hidden {hidden}, E {experts}, x {x_dt} weight bf16"));
+        }
+    }
+    f32_x_keeps_every_bit(b);
+}
+
+/// f32 x whose logits live in its low 16 bits: x[t][5] = 1 + m_t 2^-23 (m_t in [2^15, 2^16),
+/// so its bf16 truncation is 1.0 and m_t sits in the two lower bf16 planes a tensor-core path
+/// cuts an f32 into) and x[t][21] = 1, weights w[e][5] = c_e = -w[e][21], distinct signed powers
+/// of two (2^2 .. 2^9): logit_e = c_e m_t 2^-23 exactly in f32 on every path, 2^-6 to 4 in
+/// magnitude. A
+/// path that rounds x to bf16 (or drops a plane) loses m_t, or part of it, and picks or weighs
+/// differently. 12 tokens: past one token tile. Then infinities in x.
+fn f32_x_keeps_every_bit<B: Backend + MoeRouter>(b: &B) {
+    let (tokens, hidden, experts) = (12, 32, 16);
+    let mut rng = TestRng::new(44);
+    let mut x = vec![0.0f32; tokens * hidden];
+    for t in 0..tokens {
+        let m = 32768.0 + (rng.uniforms(1, 0.0, 32767.0)[0] as f64).floor();
+        x[t * hidden + 5] = (1.0 + m * 2f64.powi(-23)) as f32;
+        x[t * hidden + 21] = 1.0;
+    }
+    let mut w = vec![0.0f32; experts * hidden];
+    for e in 0..experts {
+        let c = if e % 2 == 0 { 1.0 } else { -1.0 } * 2f32.powi(2 + ((e / 2) * 3 % 8) as i32);
+        w[e * hidden + 5] = c;
+        w[e * hidden + 21] = -c;
+    }
+    let c = RouterCase { p: params(tokens, hidden, experts, 4), x, w, bias: None, in_dtype: DType::F32, w_dtype: DType::BF16 };
+    check_case(b, &c, "router: f32 x's low bits");
+
+    // Infinities in f32 x: each logit of the token is then +-inf (no weight is 0), so its chosen
+    // experts score 1 and the bias orders them; a path that lets inf - inf into a lower bf16
+    // plane makes them NaN instead.
+    let mut c = mixed_case(&mut rng, params(tokens, hidden, experts, 4), DType::F32, DType::BF16);
+    c.bias = Some(rng.uniforms(experts, -0.5, 0.5));
+    c.x[3 * hidden + 7] = f32::INFINITY;
+    c.x[5 * hidden + 30] = f32::NEG_INFINITY;
+    assert!(c.w.iter().all(|&v| v != 0.0), "no zero weight (inf x 0 would be NaN)");
+    check_case(b, &c, "router: f32 x with infinities");
 }
 
 /// Group-limited selection (DeepSeek style) against the naive oracle, plus a hand-built case

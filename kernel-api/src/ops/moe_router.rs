@@ -161,8 +161,9 @@ pub trait MoeRouter: Backend {
     }
     /// Bytes of workspace `run` needs. Routing has no state across calls; the default (the CPU
     /// reference) needs none. The GPU backends stage the f32 logits of every (token, expert) in
-    /// it (tokens x E rounded up to 4 floats, 16-byte aligned), so the logits GEMV can spread the
-    /// router weight over the whole card before the per-token selection.
+    /// it (tokens x E rounded up to 4 floats, 16-byte aligned; past 8 tokens one such plane per
+    /// split of the hidden size, which the selection adds in order), so the logits GEMV / GEMM can
+    /// spread the router weight over the whole card before the per-token selection.
     fn workspace_size(&self, _plan: &MoeRouterPlan) -> usize {
         0
     }

@@ -1,4 +1,4 @@
-// MoE router (kernel-api ops/moe_router.rs is the spec), two kernels:
+// MoE router (kernel-api ops/moe_router.rs is the spec): a logits kernel, then the selection.
 //
 // moe_router_logits: the f32 logits W_r x of every (token, expert) into the caller's workspace
 // (rows of `lstride` >= E floats). The router weight is the bulk of the op (K3: 896 x 7168 bf16
@@ -9,16 +9,20 @@
 // to 8 chunks per thread in flight (a slab), and multiplies each against the tile's tokens
 // (x rows are re-read per weight chunk: L1/L2 hits, the weight is read once per token tile).
 // Products and sums in f32 (bf16 products are exact in f32); one group reduction per token.
-// moe_router_logits_batched (the launcher's choice past one token tile) gives each group 4
-// experts, 16 per block, so every x chunk a thread loads serves four weight rows.
+// Past one token tile: moe_router_logits_mma for a bf16 weight (K3's), on the matrix units with
+// the operands swapped (weight rows as A, tokens as B), f32 x cut into three exact bf16 planes,
+// the hidden size split over blocks into logits planes (see its section below);
+// moe_router_logits_batched for an f32 weight (or when the host keeps the logits off the matrix
+// units), 4 experts per group, 16 per block, so every x chunk a thread loads serves four rows.
 // moe_router_logits_unaligned is moe_router_logits' grid for rows that are not 16-byte aligned
 // or contiguous (any strides, per-value dtype-dispatched loads).
 //
-// moe_router_topk: one block per token (grid-stride over tokens) reads its logits row, then the
-// sigmoid and the bias-corrected selection score go to shared memory. Group masking and the top-k
-// are repeated block-level argmax selections over shared memory (thread-local best over strided
-// candidates, warp shuffle reduction, one barrier, then every thread reduces the warps' winners
-// itself: K3's top-16 costs 16 barriers, was 64 and a serial pass of thread 0), with the total order
+// moe_router_topk: one block per token (grid-stride over tokens) reads its logits row (the sum
+// of the MMA kernel's split planes, in plane order), then the sigmoid and the bias-corrected
+// selection score go to shared memory. Group masking and the top-k are repeated block-level
+// argmax selections over shared memory (thread-local best over strided candidates, warp shuffle
+// reduction, one barrier, then every thread reduces the warps' winners itself: K3's top-16
+// costs 16 barriers, was 64 and a serial pass of thread 0), with the total order
 // "larger key first, lower index on ties, NaN like -inf", so the result does not depend on the
 // reduction order. Weights come from the unbiased scores.
 //
@@ -261,7 +265,9 @@ K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits(const void* x, int x_dt, i
 K3_EXPORT(moe_router_logits);
 
 // The same with 4 experts per thread group, so each x chunk a thread loads serves four rows:
-// grid (ceil(E / (4 kRouterGroups)), token tiles); the launcher's choice past one token tile.
+// grid (ceil(E / (4 kRouterGroups)), token tiles); the launcher's choice past one token tile for
+// an f32 weight (a bf16 one takes moe_router_logits_mma, unless the host keeps it off the
+// matrix units to time the two side by side).
 K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits_batched(const void* x, int x_dt, int64_t xs0, const void* w,
                                                               int w_dt, int64_t ws0, float* logits, int64_t lstride,
                                                               int tokens, int hidden, int experts) {
@@ -295,10 +301,335 @@ K3_KERNEL ROUTER_LOGITS_BOUNDS void moe_router_logits_unaligned(const void* x, i
 }
 K3_EXPORT(moe_router_logits_unaligned);
 
-// logits [T, lstride] f32 (moe_router_logits; rows 16-byte aligned, lstride a multiple of 4 and
-// >= E), bias [E] f32 (stride bs0) or null, topk_ids [T, K] i32 and topk_weights [T, K] f32
-// (strides), renormalize 0/1.
-K3_KERNEL void moe_router_topk(const float* logits, int64_t lstride, const float* bias, int64_t bs0, int* topk_ids,
+namespace {
+
+// ---- moe_router_logits_mma: the logits on the matrix units (bf16 weight, past one token tile) ----
+// D[token][expert] = x W^T: x is A (M = 16 tokens per fragment), the weight is B (N = 8 experts
+// per fragment on m16n8k16, 16 on the MFMA; B[k][e] = W[e][k], a row of W per lane). K runs in
+// windows of 32, one 16-byte chunk of 8 values per lane and row: lane quad q holds chunk q of
+// the window, whose halves h = 0 and 1 are two MMA k steps (step h's permuted column c,
+// k3::mma::k_perm, is window column 8 (c / 4) + 4 h + c % 4, the same map for both operands, so
+// each product pairs the right values). A weight chunk is then B's two registers of both steps
+// as loaded. The block stages x once per slab of windows in shared memory, as the A fragments'
+// registers in lane order (one 16-byte read per fragment and plane, conflict-free).
+// f32 x is cut into three bf16 planes by truncation, x = hi + mid + lo exactly (hi: the top 8
+// significant bits, mid: the next 8 of the remainder, lo: the rest, which has at most 8 and so
+// is a bf16 too), so every product of the three MMAs is exact in f32, as the spec's f32 upcast
+// asks; only the order and rounding of the f32 sums differ (k3/mma.h). bf16 x is one plane.
+// Block: 4 warps, kRouterMmaTokens tokens (grid.x) x 64 experts (grid.y, 16 per warp) x one k
+// split (grid.z); each split writes its raw sums to its own logits plane, which moe_router_topk
+// adds in order.
+constexpr int kRouterMmaWarps = 4;
+constexpr int kRouterMmaThreads = kRouterMmaWarps * k3::kWarpSize;
+constexpr int kRouterMmaExperts = 16 * kRouterMmaWarps;  // 16 experts (B columns) per warp
+constexpr int kRouterMmaTokens = 32;                     // per block: two 16-row A fragments
+constexpr int kRouterMmaTiles = kRouterMmaTokens / 16;
+constexpr int kRouterWindow = 32;                        // k per window (a 16-byte bf16 chunk per quad)
+constexpr int kRouterMmaSlab = 4;                        // windows per staged slab (weights in flight)
+
+// The A rows a lane holds (m16n8k16 lane (g, q): rows g and g + 8; MFMA lane l: row l % 16), and
+// for A slot s, which of those rows and which of the lane's 4 values of the k step.
+template <class S>
+K3_HOST_DEVICE constexpr int router_a_rows() {
+  return S::kId == k3::layout::M16N8K16::kId ? 2 : 1;
+}
+template <class S>
+K3_HOST_DEVICE constexpr int router_a_row(int s) {
+  return S::kId == k3::layout::M16N8K16::kId ? (s >> 1) & 1 : 0;
+}
+template <class S>
+K3_HOST_DEVICE constexpr int router_a_value(int s) {
+  return S::kId == k3::layout::M16N8K16::kId ? 2 * (s >> 2) + (s & 1) : s;
+}
+// Checks those maps against the shapes' layouts: slot s of lane l is at row a(l, 0).row + 8 x
+// row(s) and at permuted column 4 q + value(s), q the lane's quad, each register (slot pair) two
+// adjacent values of one row; B slot i at 4 q + i.
+template <class S>
+K3_HOST_DEVICE constexpr bool router_fragment_maps_hold() {
+  for (int lane = 0; lane < S::kWarp; ++lane) {
+    const int ra = S::a(lane, 0).row, qa = k3::mma::k_perm<S>(S::a(lane, 0).col) / 4;
+    for (int s = 0; s < S::kASlots; ++s) {
+      if (S::a(lane, s).row != ra + 8 * router_a_row<S>(s)) return false;
+      if (k3::mma::k_perm<S>(S::a(lane, s).col) != 4 * qa + router_a_value<S>(s)) return false;
+      if (s % 2 == 0) continue;
+      if (router_a_row<S>(s) != router_a_row<S>(s - 1) || router_a_value<S>(s) != router_a_value<S>(s - 1) + 1 ||
+          router_a_value<S>(s - 1) % 2 != 0) {
+        return false;
+      }
+    }
+    const int qb = k3::mma::k_perm<S>(S::b(lane, 0).row) / 4;
+    for (int i = 0; i < S::kBSlots; ++i) {
+      if (k3::mma::k_perm<S>(S::b(lane, i).row) != 4 * qb + i || S::b(lane, i).col != S::b(lane, 0).col) return false;
+    }
+  }
+  return true;
+}
+static_assert(router_fragment_maps_hold<k3::layout::M16N8K16>() && router_fragment_maps_hold<k3::layout::M16N16K16>(),
+              "the router's window map");
+
+// Slot i of a fragment register: its low half for even i.
+K3_DEVICE K3_AMD_INLINE uint16_t router_half(uint32_t word, int i) {
+  return static_cast<uint16_t>((i & 1) != 0 ? word >> 16 : word);
+}
+
+// 4 f32 (one k step of a lane's chunk) as three bf16 planes, hi + mid + lo = x exactly, packed as
+// bf16 pairs (values 0, 1 and 2, 3). An infinity stays in hi with mid = lo = 0; a NaN gives NaN
+// remainders (x - hi is NaN), so a NaN whose payload the truncation drops (hi an infinity) still
+// makes the logits NaN, as in f32.
+K3_DEVICE K3_AMD_INLINE void router_split3(const k3::u32x4& x, uint32_t (&hi)[2], uint32_t (&mid)[2],
+                                           uint32_t (&lo)[2]) {
+  float h[4], m[4], l[4];
+  K3_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t b = x.v[i];
+    const float hf = k3::uint_as_float(b & 0xffff0000u);
+    const float r = (b & 0x7fffffffu) == 0x7f800000u ? 0.0f : k3::uint_as_float(b) - hf;  // exact
+    const float mf = k3::uint_as_float(k3::float_as_uint(r) & 0xffff0000u);
+    h[i] = hf;
+    m[i] = mf;
+    l[i] = r - mf;  // exact, and at most 8 significant bits: a bf16 (below f32's normal range it drops the tail)
+  }
+  K3_UNROLL
+  for (int p = 0; p < 2; ++p) {
+    hi[p] = k3::byte_perm(k3::float_as_uint(h[2 * p]), k3::float_as_uint(h[2 * p + 1]), 0x7632);
+    mid[p] = k3::byte_perm(k3::float_as_uint(m[2 * p]), k3::float_as_uint(m[2 * p + 1]), 0x7632);
+    lo[p] = k3::byte_perm(k3::float_as_uint(l[2 * p]), k3::float_as_uint(l[2 * p + 1]), 0x7632);
+  }
+}
+
+// The staged x of a slab in shared memory: for every plane, A fragment (tile, window) and k step,
+// each lane's A registers of that step, lane after lane. A 16-byte read gives a lane its step's
+// registers on m16n8k16 (4 words: kSteps = 1 per record) and both steps' on the MFMA (2 words
+// each: kSteps = 2).
+template <class S>
+struct RouterXLayout {
+  static constexpr int kWords = S::kASlots / 2;         // A registers per k step
+  static constexpr int kSteps = 4 / kWords;             // k steps per 16-byte record
+  static constexpr int kRecords = kRouterMmaTiles * kRouterMmaSlab * (2 / kSteps) * S::kWarp;
+  // The record holding step h of (tile i, window s) for `lane`, and the word offset of step h in it.
+  K3_DEVICE static int record(int i, int s, int h, int lane) {
+    return ((i * kRouterMmaSlab + s) * (2 / kSteps) + h / kSteps) * S::kWarp + lane;
+  }
+  K3_DEVICE static int word(int h) { return (h % kSteps) * kWords; }
+};
+static_assert(RouterXLayout<k3::layout::M16N8K16>::kRecords * 16 == RouterXLayout<k3::layout::M16N16K16>::kRecords * 16,
+              "one record size in shared memory for both shapes");
+constexpr int kRouterXRecords = RouterXLayout<k3::mma::Bf16Shape>::kRecords;
+
+// A thread's share of an x slab: units (tile, window, lane) of the A fragments, each the chunk
+// (8 values at column 8 q of the window) of every A row of the lane, raw as loaded: 16 (bf16) or
+// 32 (f32) bytes per chunk.
+constexpr int kRouterUnits = kRouterMmaTiles * kRouterMmaSlab * k3::kWarpSize;
+constexpr int kRouterThreadUnits = kRouterUnits / kRouterMmaThreads;
+static_assert(kRouterUnits % kRouterMmaThreads == 0, "whole units per thread");
+template <class S, bool kXBf16>
+struct RouterXStage {
+  k3::u32x4 raw[kRouterThreadUnits][router_a_rows<S>()][kXBf16 ? 1 : 2];
+};
+
+// Loads this thread's units of the slab at k w0 (unit u = tid + n x threads: lane u % warp,
+// window u / warp % slab, tile u / (warp x slab)); tokens past the last and k past k_end read
+// as zeros.
+template <class S, bool kXBf16>
+K3_DEVICE K3_AMD_INLINE void router_load_x_slab(RouterXStage<S, kXBf16>& st, const void* x, int64_t xs0, int t0,
+                                                int tokens, int w0, int k_end) {
+  const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  K3_UNROLL
+  for (int n = 0; n < kRouterThreadUnits; ++n) {
+    const int u = tid + n * kRouterMmaThreads;
+    const int lane = u % S::kWarp, s = u / S::kWarp % kRouterMmaSlab, i = u / (S::kWarp * kRouterMmaSlab);
+    const k3::layout::RC a = S::a(lane, 0);
+    const int k = w0 + s * kRouterWindow + 8 * (k3::mma::k_perm<S>(a.col) / 4);
+    K3_UNROLL
+    for (int r = 0; r < router_a_rows<S>(); ++r) {
+      const int t = t0 + 16 * i + a.row + 8 * r;
+      const bool ok = t < tokens && k < k_end;
+      const char* src = static_cast<const char*>(x) + (t * xs0 + k) * (kXBf16 ? 2 : 4);
+      K3_UNROLL
+      for (int c = 0; c < (kXBf16 ? 1 : 2); ++c) st.raw[n][r][c] = ok ? k3::load_16b(src + 16 * c) : zero16;
+    }
+  }
+}
+
+// Splits the thread's staged units into their planes and stores them as A registers: step h's
+// register m is word (4 h + value) / 2 of the chunk of row row(2 m), for the slots 2 m, 2 m + 1.
+template <class S, bool kXBf16>
+K3_DEVICE K3_AMD_INLINE void router_store_x_slab(k3::u32x4 (*xs)[kRouterXRecords], const RouterXStage<S, kXBf16>& st) {
+  using L = RouterXLayout<S>;
+  constexpr int kRows = router_a_rows<S>();
+  const int tid = static_cast<int>(k3::thread_idx_x());
+  K3_UNROLL
+  for (int n = 0; n < kRouterThreadUnits; ++n) {
+    const int u = tid + n * kRouterMmaThreads;
+    const int lane = u % S::kWarp, s = u / S::kWarp % kRouterMmaSlab, i = u / (S::kWarp * kRouterMmaSlab);
+    k3::u32x4 planes[kXBf16 ? 1 : 3][kRows];  // the rows' chunks, per plane
+    K3_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      if constexpr (kXBf16) {
+        planes[0][r] = st.raw[n][r][0];
+      } else {
+        K3_UNROLL
+        for (int c = 0; c < 2; ++c) {
+          uint32_t hi[2], mid[2], lo[2];
+          router_split3(st.raw[n][r][c], hi, mid, lo);
+          planes[0][r].v[2 * c] = hi[0], planes[0][r].v[2 * c + 1] = hi[1];
+          planes[1][r].v[2 * c] = mid[0], planes[1][r].v[2 * c + 1] = mid[1];
+          planes[2][r].v[2 * c] = lo[0], planes[2][r].v[2 * c + 1] = lo[1];
+        }
+      }
+    }
+    K3_UNROLL
+    for (int p = 0; p < (kXBf16 ? 1 : 3); ++p) {
+      K3_UNROLL
+      for (int h = 0; h < 2; h += L::kSteps) {
+        k3::u32x4 rec;
+        K3_UNROLL
+        for (int hh = 0; hh < L::kSteps; ++hh) {
+          K3_UNROLL
+          for (int m = 0; m < L::kWords; ++m) {
+            const int v = 4 * (h + hh) + router_a_value<S>(2 * m);  // the register's first value
+            rec.v[L::word(h + hh) + m] = planes[p][router_a_row<S>(2 * m)].v[v / 2];
+          }
+        }
+        xs[p][L::record(i, s, h, lane)] = rec;
+      }
+    }
+  }
+}
+
+// The logits of the token tile at t0 (every thread of the block calls it: barriers).
+template <class S, bool kXBf16>
+K3_DEVICE K3_AMD_INLINE void router_logits_mma_tile(k3::u32x4 (*xs)[kRouterXRecords], const void* x, int64_t xs0,
+                                                    const k3::bf16* w, int64_t ws0, float* logits, int64_t lstride,
+                                                    int t0, int tokens, int hidden, int experts, int k_chunk) {
+  using namespace k3::mma;
+  using L = RouterXLayout<S>;
+  constexpr int kBTiles = 16 / S::N;  // expert fragments per warp
+  constexpr int kPlanes = kXBf16 ? 1 : 3;
+  constexpr int kSlabK = kRouterMmaSlab * kRouterWindow;
+  const int e0 = static_cast<int>(k3::block_idx_y()) * kRouterMmaExperts + static_cast<int>(k3::warp_id()) * 16;
+  const int split = static_cast<int>(k3::block_idx_z());
+  const int k_begin = split * k_chunk;
+  const int k_end = hidden - k_begin < k_chunk ? hidden : k_begin + k_chunk;
+  const int lane = static_cast<int>(k3::lane_id());
+  const RC b0 = b_coord<S>(0);
+  const int qb = k_perm<S>(b0.row) / 4;
+  // The lane's weight rows, one per expert fragment; rows past the last expert read the last
+  // one (in bounds) and are multiplied but not stored (no branch around an MMA).
+  const char* w_row[kBTiles];
+  K3_UNROLL
+  for (int j = 0; j < kBTiles; ++j) {
+    const int e = e0 + j * S::N + b0.col < experts ? e0 + j * S::N + b0.col : experts - 1;
+    w_row[j] = reinterpret_cast<const char*>(w + e * ws0) + 16 * qb;
+  }
+  bool a_live[kRouterMmaTiles];  // warp-uniform: the fragment holds a token
+  K3_UNROLL
+  for (int i = 0; i < kRouterMmaTiles; ++i) a_live[i] = t0 + 16 * i < tokens;
+  FragC<S> acc[kRouterMmaTiles][kBTiles];
+  K3_UNROLL
+  for (int i = 0; i < kRouterMmaTiles; ++i) {
+    K3_UNROLL
+    for (int j = 0; j < kBTiles; ++j) fill(acc[i][j], 0.0f);
+  }
+  const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
+  RouterXStage<S, kXBf16> st;
+  router_load_x_slab<S, kXBf16>(st, x, xs0, t0, tokens, k_begin, k_end);
+  for (int w0 = k_begin; w0 < k_end; w0 += kSlabK) {
+    k3::u32x4 wb[kRouterMmaSlab][kBTiles];  // the weight slab, issued before the x planes are stored
+    K3_UNROLL
+    for (int s = 0; s < kRouterMmaSlab; ++s) {
+      const int kw = w0 + s * kRouterWindow;
+      K3_UNROLL
+      for (int j = 0; j < kBTiles; ++j) wb[s][j] = kw + 8 * qb < k_end ? k3::load_16b(w_row[j] + 2 * kw) : zero16;
+    }
+    router_store_x_slab<S, kXBf16>(xs, st);
+    k3::sync_threads();
+    // The next slab's x into registers while this one multiplies.
+    if (w0 + kSlabK < k_end) router_load_x_slab<S, kXBf16>(st, x, xs0, t0, tokens, w0 + kSlabK, k_end);
+    K3_UNROLL
+    for (int s = 0; s < kRouterMmaSlab; ++s) {
+      if (w0 + s * kRouterWindow >= k_end) break;
+      K3_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        FragB<S> fb[kBTiles];  // the weight chunk's registers of step h
+        K3_UNROLL
+        for (int j = 0; j < kBTiles; ++j) {
+          K3_UNROLL
+          for (int m = 0; m < S::kBSlots; ++m) fb[j].x[m] = router_half(wb[s][j].v[2 * h + m / 2], m);
+        }
+        K3_UNROLL
+        for (int i = 0; i < kRouterMmaTiles; ++i) {
+          if (!a_live[i]) continue;
+          K3_UNROLL
+          for (int p = 0; p < kPlanes; ++p) {
+            // One 16-byte read: the lane's A registers of step h (and h + 1 on the MFMA).
+            const k3::u32x4 rec = xs[p][L::record(i, s, h, lane)];
+            FragA<S> fa;
+            K3_UNROLL
+            for (int m = 0; m < S::kASlots; ++m) fa.x[m] = router_half(rec.v[L::word(h) + m / 2], m);
+            K3_UNROLL
+            for (int j = 0; j < kBTiles; ++j) mma_sync(acc[i][j], fa, fb[j], acc[i][j]);
+          }
+        }
+      }
+    }
+    k3::sync_threads();  // xs is rewritten by the next slab
+  }
+  float* out = logits + split * (tokens * lstride);
+  K3_UNROLL
+  for (int i = 0; i < kRouterMmaTiles; ++i) {
+    K3_UNROLL
+    for (int j = 0; j < kBTiles; ++j) {
+      if (!a_live[i]) continue;
+      K3_UNROLL
+      for (int s = 0; s < S::kCSlots; ++s) {
+        const RC rc = c_coord<S>(s);
+        const int t = t0 + 16 * i + rc.row, e = e0 + j * S::N + rc.col;
+        if (t < tokens && e < experts) out[t * lstride + e] = acc[i][j].x[s];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+#if K3_TARGET_HIP
+#define ROUTER_MMA_BOUNDS __attribute__((amdgpu_flat_work_group_size(256, 256)))
+#elif K3_TARGET_CUDA
+#define ROUTER_MMA_BOUNDS __launch_bounds__(128, 3)
+#else
+#define ROUTER_MMA_BOUNDS
+#endif
+
+// x [T, H] (x_dt bf16/f32, row stride xs0), w [E, H] bf16 (row stride ws0), rows contiguous and
+// 16-byte aligned, H % 8 == 0; logits: split z's sums of token t, expert e at
+// (z * T + t) * lstride + e. k_chunk: a multiple of kRouterWindow. Block: 4 warps; grid
+// (token tiles, grid-stride past 65535; ceil(E / kRouterMmaExperts); splits).
+K3_KERNEL ROUTER_MMA_BOUNDS void moe_router_logits_mma(const void* x, int x_dt, int64_t xs0, const void* w,
+                                                       int64_t ws0, float* logits, int64_t lstride, int tokens,
+                                                       int hidden, int experts, int k_chunk) {
+  K3_SHARED(k3::u32x4, xs, [3][kRouterXRecords]);  // one block of x planes for both bodies
+  const k3::bf16* wb = static_cast<const k3::bf16*>(w);
+  for (int t0 = static_cast<int>(k3::block_idx_x()) * kRouterMmaTokens; t0 < tokens;
+       t0 += static_cast<int>(k3::grid_dim_x()) * kRouterMmaTokens) {
+    if (x_dt == k3::kBF16) {
+      router_logits_mma_tile<k3::mma::Bf16Shape, true>(xs, x, xs0, wb, ws0, logits, lstride, t0, tokens, hidden,
+                                                       experts, k_chunk);
+    } else {
+      router_logits_mma_tile<k3::mma::Bf16Shape, false>(xs, x, xs0, wb, ws0, logits, lstride, t0, tokens, hidden,
+                                                        experts, k_chunk);
+    }
+  }
+}
+K3_EXPORT(moe_router_logits_mma);
+
+// logits: `splits` planes [T, lstride] f32 one after the other, summed in plane order (the split
+// sums of moe_router_logits_mma; one plane from the other logits kernels; rows 16-byte aligned,
+// lstride a multiple of 4 and >= E), bias [E] f32 (stride bs0) or null,
+// topk_ids [T, K] i32 and topk_weights [T, K] f32 (strides), renormalize 0/1.
+K3_KERNEL void moe_router_topk(const float* logits, int64_t lstride, int splits, const float* bias,
+                               int64_t bs0, int* topk_ids,
                                int64_t is0, int64_t is1, float* topk_weights, int64_t ows0, int64_t ows1, int tokens,
                                int experts, int top_k, int n_group, int topk_group, int renormalize, float scaling) {
   K3_SHARED(float, warp_key, [2][kRouterMaxWarps]);
@@ -320,13 +651,23 @@ K3_KERNEL void moe_router_topk(const float* logits, int64_t lstride, const float
     // past E is read, never used).
     const float* row = logits + t * lstride;
     for (int e4 = 4 * tid; e4 < experts; e4 += 4 * nthreads) {
-      const k3::f32x4 l = k3::load_f32x4(row + e4);
+      k3::f32x4 l = k3::load_f32x4(row + e4);
+      const float* part = row + e4;
+      K3_NO_UNROLL
+      for (int z = 1; z < splits; ++z) {
+        part += tokens * lstride;
+        const k3::f32x4 m = k3::load_f32x4(part);
+        for (int i = 0; i < 4; ++i) l.v[i] += m.v[i];
+      }
       for (int i = 0; i < 4 && e4 + i < experts; ++i) {
         const float s = k3::sigmoid_f32(l.v[i]);
         scores[e4 + i] = s;
         sel[e4 + i] = s + (bias != nullptr ? bias[(e4 + i) * bs0] : 0.0f);
       }
     }
+    // Rolled: unrolled, its trip-count masks stay live across the token loop (gfx950 parked 6
+    // SGPRs in VGPR lanes for them, 2 rolled).
+    K3_NO_UNROLL
     for (int e = tid; e < experts; e += nthreads) blocked[e] = n_group > 1 ? 1 : 0;
     k3::sync_threads();
 
