@@ -19,7 +19,9 @@
 //! stream and reads every record in one copy.
 //!
 //! After a reported violation the outputs and states the op writes are unspecified (the
-//! offending work was skipped); memory outside the op's tensors is never touched.
+//! offending work was skipped, or, for MLA block-table entries checked as the KV tiles read
+//! them, ran on page 0 in place of the bad page); memory outside the op's tensors is never
+//! touched.
 //!
 //! [`DeviceChecks::Off`] (`K3_DEVICE_CHECKS=off`, or `GpuBackend::set_device_checks`) passes a
 //! null record: kernels then compare nothing and trust the data, for engines that validate it

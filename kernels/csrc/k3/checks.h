@@ -19,8 +19,11 @@
 //     with a new CheckSite below (and its line in kernels/src/device_checks.rs: the name of the
 //     op and of the tensor the host reports);
 //   - where a whole block must agree (work guarded by barriers), combine the per-thread answers
-//     with k3::block_all(err, ok): every thread of the block calls it (MLA's pages_ok checks a
-//     sequence's block-table entries this way, once per work item, before any cache read);
+//     with k3::block_all(err, ok): every thread of the block calls it (the asm MLA schedule
+//     checks the seq_lens this way);
+//   - an index read in a hot loop that must not branch to the recorder there (MLA's block-table
+//     entries, read per KV tile for the row addresses): clamp it into range where it is read,
+//     remember that it was out, and record it after the loop (mla::checked_page);
 //   - counts a kernel derives from device data and that the plan sized (a schedule's items,
 //     chunks) go through k3::count_ok; slots two entries must not share, through
 //     k3::block_unique;

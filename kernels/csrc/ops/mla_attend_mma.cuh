@@ -43,6 +43,7 @@ constexpr int kQSteps = (kMaxKSteps + kWarps - 1) / kWarps;      // per warp
 constexpr int kPvTiles = kMaxLatent / Shape::N / kWarps;         // output n-tiles per warp
 constexpr int kMaxWarps = kBlock / 32;                           // shared layout for any warp size
 constexpr int kMaxRowUnits = 2 * kMaxWidth / 16;                 // 16-byte units of the widest raw row (bf16)
+constexpr int kQUnits = (kRows * kMaxWidth / 8 + kBlock - 1) / kBlock;  // 16-byte query units per thread (5)
 static_assert(kRows * kMmaTile == kBlock, "one thread per score");
 static_assert(kRows == Shape::M, "a row tile is one MMA M tile");
 
@@ -230,8 +231,8 @@ K3_AMD_INLINE K3_DEVICE void pv_products(k3::mma::FragC<Shape> (&oacc)[kPvTiles]
 // 1-2 us of loaded latency asks for 5-11 MB. The compiler's wait for a tile at its decode (s_waitcnt
 // vmcnt(N)) leaves the next one in flight. Thread tid holds units u0 + 16 k of token tid / 16 (u0
 // = tid % 16): 16 threads per token, 256 contiguous bytes per token and slot, no division and no
-// shuffle; its row offset comes from one block-table read, issued a tile earlier (tile_page;
-// entries bound-checked per page before the first tile). kPrefetchSlots = 3 slots cover K3's fp8
+// shuffle; its row offset comes from one block-table read, issued a tile earlier (tile_page,
+// checked as read). kPrefetchSlots = 3 slots cover K3's fp8
 // rows (36 units flat, 41 tile-scaled); a bf16 row (72 units) loads its units from 48 on at decode
 // time, keeping the registers held across the products at 2 x (12 + 2) + 1 VGPRs.
 constexpr int kTokenThreads = kBlock / kMmaTile;                                       // 16
@@ -246,8 +247,8 @@ struct TileUnits {
 };
 
 // This thread's token in the tile at s0; a token at or past kv_hi (dead) stands in for token
-// kv_hi - 1, whose block-table entry pages_ok checked like every entry of the item (callers run
-// only for items with kv_start < kv_hi), so dead tokens read a live row and drop it.
+// kv_hi - 1 (callers run only for items with kv_start < kv_hi), so dead tokens read a live row
+// and drop it.
 K3_DEVICE int tile_token(int s0, int kv_hi) {
   const int s = s0 + static_cast<int>(k3::thread_idx_x()) / kTokenThreads;
   return s < kv_hi ? s : kv_hi - 1;
@@ -259,7 +260,7 @@ K3_DEVICE int tile_token(int s0, int kv_hi) {
 // count loads in issue order, and a read issued just before them would be the newest).
 K3_DEVICE int tile_page(const Cache& c, int s0, int kv_hi) {
   const int s = tile_token(s0, kv_hi);
-  return c.block_table[static_cast<int64_t>(s / c.page_size) * c.bt_col_stride];
+  return static_cast<int>(checked_page(c, s / c.page_size));
 }
 
 // Raw 16-byte units of the tile at s0 (its block-table entry `page`, from tile_page) for this
@@ -390,47 +391,6 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     }
   }
 
-  // This warp's query fragments: k-steps warp, warp + kWarps, ...
-  k3::mma::FragA<Shape> qa[kQSteps];
-  const uint16_t* qbits = static_cast<const uint16_t*>(q.q);
-  if constexpr (kVec) {
-    // Rows of wpad = latent + rope values, 8 per 16-byte unit, into the (not yet used) KV
-    // buffer at its pitch; rows past the item are zero. The KV loop's first barrier orders the
-    // fragment reads below before the first tile overwrites the buffer.
-    const int units = wpad / 8;
-    for (int i = tid; i < kRows * units; i += kBlock) {
-      const int row = i / units, u = i - row * units;
-      const int rho = r.rho0 + row;
-      k3::u32x4 v = {{0u, 0u, 0u, 0u}};
-      if (rho < total_rows) v = k3::load_16b(qbits + q.off + (rho / r.gh) * q.st + (r.head0 + rho % r.gh) * q.sh + 8 * u);
-      k3::store_16b(sm.raw + row * pitch + 8 * u, v);
-    }
-    k3::sync_threads();
-  }
-  K3_UNROLL
-  for (int i = 0; i < kQSteps; ++i) {
-    const int ks = warp + i * kWarps;
-    if constexpr (kVec) {
-      if (ks < nks) {  // warp-uniform
-        k3::mma::load_a_kperm(qa[i], reinterpret_cast<const k3::bf16*>(sm.raw + ks * 16), pitch);
-      } else {
-        K3_UNROLL
-        for (int s = 0; s < Shape::kASlots; ++s) qa[i].x[s] = 0;
-      }
-    } else {
-      K3_UNROLL
-      for (int s = 0; s < Shape::kASlots; ++s) {
-        const k3::layout::RC rc = k3::mma::a_coord<Shape>(s);
-        const int rho = r.rho0 + rc.row;
-        const int col = ks * 16 + k_col(rc.col);
-        const int e = col < c.latent ? col : (col >= lp && col - lp < c.rope ? c.latent + col - lp : -1);
-        uint16_t v = 0;
-        if (ks < nks && rho < total_rows && e >= 0) v = qbits[q.off + (rho / r.gh) * q.st + (r.head0 + rho % r.gh) * q.sh + e];
-        qa[i].x[s] = v;
-      }
-    }
-  }
-
   // The KV stages (kRaw): raw cache rows (see mla_kv_load.cuh, "Raw staging"), tile i in stage
   // i % n_stages (`stage`, `fill` below), the copies of tiles i + 1 .. i + ahead in flight while
   // tile i is multiplied. Otherwise one tile staged as bf16 (decode_tile, load_tile),
@@ -455,13 +415,89 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   const int ahead = n_stages - 1;  // tiles in flight beyond the one being multiplied
   int stage = 0, fill = ahead;     // the stages of the tile at s0 and of the one `ahead` later
   k3::AsyncCopy<kCopySlots> cp;
-  if constexpr (kRaw) {
-    k3::sync_threads();  // the query rows are read; the stages may be overwritten
-    for (int a = 0; a < ahead; ++a) {
+  // The first `ahead` tiles, one commit group each. kRaw: tiles [0, early) go out before the
+  // query rows are loaded, into the stages below the rows' place at the end of the KV area
+  // (q_off), so their block-table reads and copies are in flight with the query loads rather
+  // than behind them (one dependent round trip less before an item's first KV bytes); the rest
+  // follow once the query fragments are in registers.
+  auto issue_first = [&](int a0, int a1) K3_AMD_INLINE {
+    for (int a = a0; a < a1; ++a) {
       const int sa = r.kv_start + a * kMmaTile;
       if (sa < kv_hi) issue_tile(cp, c, sa, kv_hi - sa < kMmaTile ? kv_hi - sa : kMmaTile, kMmaTile, row_bytes, rpitch, stages + a * kMmaTile * rpitch);
       cp.commit();
     }
+  };
+  const int stage_bytes = kMmaTile * rpitch;
+  const int q_bytes = 2 * kRows * pitch;
+  const int q_off = kRaw && n_stages * stage_bytes > q_bytes ? n_stages * stage_bytes - q_bytes : 0;  // 16-B multiples
+  const int early = q_off / stage_bytes < ahead ? q_off / stage_bytes : ahead;
+  uint16_t* const q_rows = reinterpret_cast<uint16_t*>(stages + q_off);
+
+  // This warp's query fragments: k-steps warp, warp + kWarps, ...
+  k3::mma::FragA<Shape> qa[kQSteps];
+  const uint16_t* qbits = static_cast<const uint16_t*>(q.q);
+  if constexpr (kVec) {
+    // Rows of wpad = latent + rope values, 8 per 16-byte unit, into the KV area at q_off (no
+    // stage in flight is there) at its pitch; rows past the item are zero. kRaw: all of a
+    // thread's units are loaded before the early tiles go out and stored after, so the tiles'
+    // block-table reads and the query loads are in flight together. At warp 64 a rolled loop
+    // stores each unit as it comes (the unrolled form held on top of the two prefetched tiles
+    // cost gfx942 6-11 VGPR spills). The barrier after the fragment reads below (kRaw), or the
+    // KV loop's first one, orders them before a tile overwrites the rows.
+    const int units = wpad / 8;
+    auto q_unit = [&](int i) K3_AMD_INLINE {
+      const int row = i / units, u = i - row * units;
+      const int rho = r.rho0 + row;
+      return rho < total_rows ? k3::load_16b(qbits + q.off + (rho / r.gh) * q.st + (r.head0 + rho % r.gh) * q.sh + 8 * u)
+                              : k3::u32x4{{0u, 0u, 0u, 0u}};
+    };
+    auto q_store = [&](int i, const k3::u32x4& v) K3_AMD_INLINE {
+      const int row = i / units, u = i - row * units;
+      k3::store_16b(q_rows + row * pitch + 8 * u, v);
+    };
+    if constexpr (kRaw) {
+      k3::u32x4 qv[kQUnits];
+      K3_UNROLL
+      for (int k = 0; k < kQUnits; ++k) {
+        if (tid + k * kBlock < kRows * units) qv[k] = q_unit(tid + k * kBlock);
+      }
+      issue_first(0, early);
+      K3_UNROLL
+      for (int k = 0; k < kQUnits; ++k) {
+        if (tid + k * kBlock < kRows * units) q_store(tid + k * kBlock, qv[k]);
+      }
+    } else {
+      for (int i = tid; i < kRows * units; i += kBlock) q_store(i, q_unit(i));
+    }
+    k3::sync_threads();
+  }
+  K3_UNROLL
+  for (int i = 0; i < kQSteps; ++i) {
+    const int ks = warp + i * kWarps;
+    if constexpr (kVec) {
+      if (ks < nks) {  // warp-uniform
+        k3::mma::load_a_kperm(qa[i], reinterpret_cast<const k3::bf16*>(q_rows + ks * 16), pitch);
+      } else {
+        K3_UNROLL
+        for (int s = 0; s < Shape::kASlots; ++s) qa[i].x[s] = 0;
+      }
+    } else {
+      K3_UNROLL
+      for (int s = 0; s < Shape::kASlots; ++s) {
+        const k3::layout::RC rc = k3::mma::a_coord<Shape>(s);
+        const int rho = r.rho0 + rc.row;
+        const int col = ks * 16 + k_col(rc.col);
+        const int e = col < c.latent ? col : (col >= lp && col - lp < c.rope ? c.latent + col - lp : -1);
+        uint16_t v = 0;
+        if (ks < nks && rho < total_rows && e >= 0) v = qbits[q.off + (rho / r.gh) * q.st + (r.head0 + rho % r.gh) * q.sh + e];
+        qa[i].x[s] = v;
+      }
+    }
+  }
+
+  if constexpr (kRaw) {
+    k3::sync_threads();  // the query rows are read; their stages may be overwritten
+    issue_first(early, ahead);
   }
 
   // The softmax state of row `srow` lives in the 16 threads (srow, 0..15).

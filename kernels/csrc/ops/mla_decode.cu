@@ -10,9 +10,12 @@
 // 16-byte load each, cu_indptr [cus + 1], reduce entries [n_reduce][4] = (batch, head_group,
 // first slot, count) from a 16-byte boundary.
 //
-// Device metadata is checked (k3/checks.h) once per work item, before any thread reads the
-// cache: seq_lens[b] in [q_len, bt_cols * page_size] and the block-table entries of the item's
-// key range in [0, num_pages); a failing item is skipped whole. The asm schedule also checks that
+// Device metadata is checked (k3/checks.h): seq_lens[b] in [q_len, bt_cols * page_size] once
+// per work item before any thread reads the cache (a failing item is skipped whole), and each
+// block-table entry in [0, num_pages) where a KV tile reads it for its rows' addresses (an entry
+// out of range reads page 0 instead, in bounds, and the launch fails: mla::checked_page; a
+// separate pass over the entries before the first tile put a dependent load and a barrier in
+// front of every item's first KV bytes). The asm schedule also checks that
 // the device seq_lens give the plan's counts (tokens, items, split pairs); otherwise it writes an
 // empty schedule, so no unit runs an item and the reduce refuses every (zeroed) entry. The
 // schedule itself is workspace data a prepared schedule keeps across calls: the asm kernels and
@@ -22,8 +25,11 @@
 
 namespace {
 
+// The cache of sequence b (bt_row: its block-table row), its entries checked against
+// num_pages as they are read and reported at `site` (mla::checked_page).
 K3_DEVICE mla::Cache make_cache(const uint8_t* cache, int64_t page_stride, int64_t row_stride, int page_size, int kind,
-                                int fnuz, int latent, int rope, int kv_stages, const int* bt_row, int64_t bt_sp) {
+                                int fnuz, int latent, int rope, int kv_stages, const int* bt_row, int64_t bt_sp,
+                                int num_pages, k3::ErrorRecord* err, int site, int b) {
   mla::Cache c;
   c.base = cache;
   c.page_stride = page_stride;
@@ -36,6 +42,11 @@ K3_DEVICE mla::Cache make_cache(const uint8_t* cache, int64_t page_stride, int64
   c.latent = latent;
   c.rope = rope;
   c.kv_stages = kv_stages;
+  c.num_pages = num_pages;
+  c.err = err;
+  c.err_site = site;
+  c.err_row = b;
+  c.bad_page = false;
   return c;
 }
 
@@ -58,23 +69,6 @@ K3_DEVICE Smem carve_shared() {
 // address). The same answer in every thread of a block (all read the same value).
 K3_DEVICE bool seq_len_ok(k3::ErrorRecord* err, int site, int b, int seq_len, int min_len, int bt_cols, int page_size) {
   return k3::index_ok(err, site, b, seq_len, min_len, static_cast<int64_t>(bt_cols) * page_size + 1);
-}
-
-// The block-table entries of keys [kv_start, kv_end) of sequence b (c.block_table is its row)
-// are pages of the cache. Once per page, block-cooperative: every thread of the block calls it
-// and gets the same answer. `len_ok` (block-uniform) gates the reads: the key range is only
-// meaningful for a checked seq_len.
-K3_DEVICE bool pages_ok(k3::ErrorRecord* err, int site, const mla::Cache& c, int b, bool len_ok, int kv_start, int kv_end,
-                        int num_pages) {
-  if (err == nullptr) return true;
-  bool ok = len_ok;
-  if (len_ok && kv_end > kv_start) {
-    const int nthreads = static_cast<int>(k3::block_dim_x());
-    for (int p = kv_start / c.page_size + static_cast<int>(k3::thread_idx_x()); p <= (kv_end - 1) / c.page_size; p += nthreads) {
-      ok = k3::index_ok_2d(err, site, b, p, c.block_table[static_cast<int64_t>(p) * c.bt_col_stride], 0, num_pages) && ok;
-    }
-  }
-  return k3::block_all(err, ok);
 }
 
 // Destination of one decode item of sequence b, head group g: the output tensors, or partial
@@ -142,6 +136,8 @@ K3_AMD_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& 
     r.kv_end = kv_end;
     attend_tile<kMma, kVec>(c, q, r, score_scale, out_scale, dst);
   }
+  // Here, not in the attention core: after the item nothing is live across the recorder call.
+  mla::report_bad_page(c, kv_start, kv_end);
 }
 
 // Kernel parameters shared by the Gluon and asm decode kernels (and their arguments).
@@ -176,8 +172,9 @@ K3_AMD_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float
   const int kv_end = kv_start + chunk < seq_len ? kv_start + chunk : seq_len;
   const int slot = num_splits > 1 ? (b * head_groups + g) * num_splits + split : -1;
   const mla::Cache c =
-      make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp);
-  if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, len_ok, kv_start, kv_end, num_pages)) return;  // block-uniform
+      make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp,
+                 num_pages, err, k3::kCheckMlaDecodeBlockTable, b);
+  if (!len_ok) return;  // block-uniform
   const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
   const mla::Dest d = decode_dest(b, g, slot, q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
   decode_item<kMma, kVec>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, rt, q_len, score_scale, out_scale, d);
@@ -208,8 +205,8 @@ K3_AMD_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
     const int seq_len = seq_lens[b * sl_s];  // run_prepared's seq_lens are not the ones the schedule checked
     if (!seq_len_ok(err, k3::kCheckMlaDecodeSeqLens, b, seq_len, q_len, bt_cols, page_size)) continue;  // block-uniform
     const mla::Cache c =
-        make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp);
-    if (!pages_ok(err, k3::kCheckMlaDecodeBlockTable, c, b, true, kv_start, kv_end, num_pages)) continue;  // block-uniform
+        make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp,
+                   num_pages, err, k3::kCheckMlaDecodeBlockTable, b);
     const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
     const mla::Dest d = decode_dest(b, g, slot, q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
     decode_item<kMma, kVec>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, 0, 1, score_scale, out_scale, d);
@@ -517,8 +514,12 @@ K3_AMD_INLINE K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) 
   const bool len_ok = seq_len_ok(err, k3::kCheckMlaPrefillAbsorbedSeqLens, b, dev_len, causal ? q_rows : 0, bt_cols, page_size);
   const int seq_len = len_ok ? dev_len : 0;
   const mla::Cache c =
-      make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp);
-  if (!pages_ok(err, k3::kCheckMlaPrefillAbsorbedBlockTable, c, b, len_ok, 0, seq_len, num_pages)) return;  // block-uniform
+      make_cache(cache, page_stride, row_stride, page_size, kind, fnuz, latent, rope, kv_stages, block_table + b * bt_sb, bt_sp,
+                 num_pages, err, k3::kCheckMlaPrefillAbsorbedBlockTable, b);
+  // The prefill checks its pages before the first tile, in a pass: its prologue is small
+  // against a prefill's compute, and the report after the tiles (as the decode kernels do) gave
+  // gfx942's *_mma kernel a 32-byte stack frame (registers).
+  if (!len_ok || !mla::pages_ok(c, 0, seq_len)) return;  // block-uniform
   const mla::Query qq = {q, q_dt, q0 * q_st, q_st, q_sh};
   mla::Dest d;
   d.out = out;

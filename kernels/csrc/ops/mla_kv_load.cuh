@@ -4,9 +4,8 @@
 //
 // Addressing: lane j of every warp computes the byte offset of token s0 + j's cache row once per
 // tile (one block-table read and one division per token, not per value); a warp then stages
-// whole tokens, taking the token's row offset from lane t by a shuffle. The block-table entries
-// were bound-checked once per page for the whole item before the first tile (pages_ok in
-// mla_decode.cu).
+// whole tokens, taking the token's row offset from lane t by a shuffle. Each entry is
+// bound-checked where it is read (checked_page).
 //
 // Fast path (block-uniform: latent and rope multiples of 16, cache base and strides 16-byte
 // aligned, and for the tile-scaled format the rope bf16s 16-byte aligned too): the row moves in
@@ -48,13 +47,54 @@ struct Cache {
   int latent;
   int rope;
   int kv_stages;          // stages of the raw pipeline (attend_mma); the launch's shared memory holds them
+  // The block-table check (k3/checks.h), made where the entries are read for the rows' addresses
+  // rather than in a pass of its own before the first tile: that pass was one more dependent
+  // load and a block barrier in front of every item's first KV bytes. An entry outside
+  // [0, num_pages) reads page 0 in its place (in bounds; the results are then wrong, and the
+  // launch fails) and sets bad_page; the decode kernels report it after the work item
+  // (report_bad_page), so no recorder call sits in a hot loop or has the attention core's
+  // registers live across it (the absorbed prefill checks its pages before its tiles instead,
+  // pages_ok). Mutable: the cores take the cache by const reference, and this
+  // is the only state a row read leaves behind.
+  int num_pages;
+  k3::ErrorRecord* err;   // null: checks off (entries are still clamped, never reported)
+  int err_site;           // k3::kCheck*BlockTable of the kernel
+  int err_row;            // the sequence, as the record names it
+  mutable bool bad_page;  // this thread read such an entry
 };
 
-// Byte offset of token s's row (the page's block-table entry was checked by pages_ok).
+// The page of block-table column `col`, checked (see Cache::bad_page).
+K3_DEVICE int64_t checked_page(const Cache& c, int col) {
+  const int64_t page = c.block_table[static_cast<int64_t>(col) * c.bt_col_stride];
+  const bool ok = page >= 0 && page < c.num_pages;
+  c.bad_page = c.bad_page || !ok;
+  return ok ? page : 0;
+}
+
+// Byte offset of token s's row.
 K3_DEVICE int64_t row_offset(const Cache& c, int s) {
   const int col = s / c.page_size;
-  const int64_t page = c.block_table[static_cast<int64_t>(col) * c.bt_col_stride];
-  return page * c.page_stride + static_cast<int64_t>(s - col * c.page_size) * c.row_stride;
+  return checked_page(c, col) * c.page_stride + static_cast<int64_t>(s - col * c.page_size) * c.row_stride;
+}
+
+// Whether every block-table entry of keys [lo, hi) is a page, each one outside recorded (the
+// first wins). Block-cooperative: every thread of the block calls it and gets the same answer.
+K3_AMD_INLINE K3_DEVICE bool pages_ok(const Cache& c, int lo, int hi) {
+  if (c.err == nullptr || hi <= lo) return true;  // block-uniform ((hi - 1) / page_size names column 0 at hi = 0)
+  bool ok = true;
+  const int nthreads = static_cast<int>(k3::block_dim_x());
+  for (int p = lo / c.page_size + static_cast<int>(k3::thread_idx_x()); p <= (hi - 1) / c.page_size; p += nthreads) {
+    ok = k3::index_ok_2d(c.err, c.err_site, c.err_row, p, c.block_table[static_cast<int64_t>(p) * c.bt_col_stride], 0,
+                         c.num_pages) && ok;
+  }
+  return k3::block_all(c.err, ok);
+}
+
+// The cold end of the check, after the work item that read keys [lo, hi): when a thread saw a
+// bad entry (bad_page), the block finds and records it. Every thread of the block calls it (one
+// barrier, where no load waits on it).
+K3_AMD_INLINE K3_DEVICE void report_bad_page(const Cache& c, int lo, int hi) {
+  if (!k3::block_all(c.err, !c.bad_page)) pages_ok(c, lo, hi);  // block-uniform
 }
 
 K3_DEVICE bool vector_path(const Cache& c) {
@@ -185,7 +225,7 @@ K3_HOST_DEVICE constexpr int raw_pitch(int row_bytes) { return row_bytes + ((16 
 // (rows at `pitch`); rows n .. tokens are zero-filled (a stale row could hold NaN codes, and P = 0
 // times NaN is NaN). Every thread of the block calls it (the shuffles need whole warps); the
 // caller commits and waits. Row offsets as in load_tile: one block-table read and division per
-// token, by lane j for token s0 + j, entries bound-checked per page before the first tile.
+// token, by lane j for token s0 + j, each entry checked as it is read (checked_page).
 template <class Copy>
 K3_DEVICE void issue_tile(Copy& cp, const Cache& c, int s0, int n, int tokens, int row_bytes, int pitch, uint8_t* dst) {
   const int lane = static_cast<int>(k3::lane_id());

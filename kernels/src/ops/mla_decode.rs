@@ -166,7 +166,8 @@ fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32, limit: usi
     }
     // The MMA core's shared memory (mla_attend_mma.cuh): 8 warps' partial scores, P, alpha, l,
     // multipliers, then the KV area: the bf16 tile, or the raw stages, which also hold the bf16
-    // query rows at first.
+    // query rows at first (at the area's end, so that the first stages' copies go out before
+    // them).
     let fixed = 4 * 8 * ROWS * MMA_TILE + 4 * ROWS * MMA_TILE + 4 * ROWS * 2 + 4 * MMA_TILE * 5;
     let bf16_tile = 2 * MMA_TILE * kv_pitch(wpad);
     let (kv_area, stages) = match vec.then(|| kv_stages(warp_size, c, fixed, bf16_tile, limit, forced)).transpose()?.flatten() {
