@@ -440,9 +440,10 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     // Rows of wpad = latent + rope values, 8 per 16-byte unit, into the KV area at q_off (no
     // stage in flight is there) at its pitch; rows past the item are zero. kRaw: all of a
     // thread's units are loaded before the early tiles go out and stored after, so the tiles'
-    // block-table reads and the query loads are in flight together. At warp 64 a rolled loop
-    // stores each unit as it comes (the unrolled form held on top of the two prefetched tiles
-    // cost gfx942 6-11 VGPR spills). The barrier after the fragment reads below (kRaw), or the
+    // block-table reads and the query loads are in flight together. At warp 64 two units per
+    // round (all five held on top of the two prefetched tiles cost gfx942 6-11 VGPR spills; one
+    // per round put 5 round trips in a row, the first also waiting for the prefetched tiles,
+    // since waits count loads in issue order). The barrier after the fragment reads below (kRaw), or the
     // KV loop's first one, orders them before a tile overwrites the rows.
     const int units = wpad / 8;
     auto q_unit = [&](int i) K3_AMD_INLINE {
@@ -467,7 +468,12 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
         if (tid + k * kBlock < kRows * units) q_store(tid + k * kBlock, qv[k]);
       }
     } else {
-      for (int i = tid; i < kRows * units; i += kBlock) q_store(i, q_unit(i));
+      for (int i = tid; i < kRows * units; i += 2 * kBlock) {  // two units in flight
+        const bool two = i + kBlock < kRows * units;
+        const k3::u32x4 a = q_unit(i), b = two ? q_unit(i + kBlock) : k3::u32x4{{0u, 0u, 0u, 0u}};
+        q_store(i, a);
+        if (two) q_store(i + kBlock, b);
+      }
     }
     k3::sync_threads();
   }
