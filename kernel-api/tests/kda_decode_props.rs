@@ -304,7 +304,10 @@ proptest! {
             out: TensorMut::new(&mut out.0, out.1.clone()),
         };
         let res = CausalConv1d::run(&cpu, &plan, args, None, cpu.default_stream());
-        let device_ok = device_cu.as_deref().is_none_or(|c| c == cu);
+        // The plan keeps the host offsets' count and total, not the values: device offsets that
+        // differ from the host copy but are valid offsets for the same count and total describe
+        // another legal batch and run; any other device offsets are named errors.
+        let device_ok = device_cu.as_deref().is_none_or(|c| validate_cu_seqlens(c, Some(cu[2] as usize), "cu").is_ok());
         if !changed && device_ok {
             prop_assert!(res.is_ok(), "{:?}", res);
         }
