@@ -446,7 +446,9 @@ fn kda_decode<R: Runtime>(c: &mut Bench<'_, R>, heads: usize, kd: usize, batch: 
 }
 
 /// `stages`: the KV pipeline depth the row was timed at, fixed by the caller with
-/// `GpuBackend::set_mla_kv_stages` (named in the row's shape; `None`: the default).
+/// `GpuBackend::set_mla_kv_stages` (named in the row's shape; `None`: the default). `q_dt`: the
+/// query's and output's dtype (f32: model-k3's, the `*_mma_f32q` kernels; named in the shape).
+#[allow(clippy::too_many_arguments)]
 fn mla_decode<R: Runtime>(
     c: &mut Bench<'_, R>,
     heads: usize,
@@ -455,6 +457,7 @@ fn mla_decode<R: Runtime>(
     format: KvCacheFormat,
     fname: &str,
     stages: Option<usize>,
+    q_dt: DType,
 ) -> Result<()> {
     let b = c.b;
     let page = 64;
@@ -482,18 +485,19 @@ fn mla_decode<R: Runtime>(
     }
     let kv = tiled(b, DType::U8, &[num_pages, page, bpt], &page_bytes)?;
     let mut call = MlaDecodeCall {
-        q: normal(b, DType::BF16, &[batch, 1, heads, dims.width()], 1.0, 22)?,
+        q: normal(b, q_dt, &[batch, 1, heads, dims.width()], 1.0, 22)?,
         kv_cache: kv,
         block_table: i32s(b, &[batch, pages_per_seq], &table)?,
         seq_lens: i32s(b, &[batch], &lens)?,
-        out: b.zeros(DType::BF16, &[batch, 1, heads, dims.latent])?,
+        out: b.zeros(q_dt, &[batch, 1, heads, dims.latent])?,
         lse: b.zeros(DType::F32, &[batch, 1, heads])?,
         ws: ws(b, MlaDecode::workspace_size(b, &plan))?,
     };
     let us = c.time(|| call.run(b, &plan))?;
-    let cost = p.cost(batch, batch as u64 * ctx as u64, DType::BF16, DType::BF16);
+    let cost = p.cost(batch, batch as u64 * ctx as u64, q_dt, q_dt);
     let depth = stages.map(|s| format!(" kv_stages={s}")).unwrap_or_default();
-    c.push("mla_decode", format!("batch={batch} ctx={ctx} heads={heads} page={page} kernel={:?}{depth}", plan.kernel), fname, us, cost)
+    let query = if q_dt == DType::BF16 { String::new() } else { format!(" q={q_dt}") };
+    c.push("mla_decode", format!("batch={batch} ctx={ctx} heads={heads} page={page} kernel={:?}{depth}{query}", plan.kernel), fname, us, cost)
 }
 
 fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, usize, usize)) -> Result<()> {
@@ -639,8 +643,11 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
         for &ctx in &sh.mla_ctx {
             for &bt in &sh.mla_batch {
                 for (f, name) in [(KvCacheFormat::Bf16, "bf16 cache"), (KvCacheFormat::Fp8Tiled(fp8), fp8_name)] {
-                    checked(&mut c, format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), &mut |c| mla_decode(c, h, bt, ctx, f, name, None));
+                    checked(&mut c, format!("mla_decode h={h} b={bt} ctx={ctx} {name}"), &mut |c| mla_decode(c, h, bt, ctx, f, name, None, DType::BF16));
                 }
+                // model-k3's f32 query (the `*_mma_f32q` kernels) beside the bf16 row above.
+                let f = KvCacheFormat::Fp8Tiled(fp8);
+                checked(&mut c, format!("mla_decode h={h} b={bt} ctx={ctx} {fp8_name} f32 q"), &mut |c| mla_decode(c, h, bt, ctx, f, fp8_name, None, DType::F32));
             }
         }
         // The KV pipeline's depth side by side (the default, ~64 KiB of tiles ahead, is an
@@ -651,7 +658,7 @@ fn bench<R: Runtime>(b: &GpuBackend<R>, o: &Opts, gemm_routes: &[(&str, &dyn Fn(
                 let f = KvCacheFormat::Fp8Tiled(fp8);
                 checked(&mut c, format!("mla_decode h={h} b=1 ctx={longest} {fp8_name} kv_stages={stages}"), &mut |c| {
                     c.b.set_mla_kv_stages(Some(stages))?;
-                    let r = mla_decode(c, h, 1, longest, f, fp8_name, Some(stages));
+                    let r = mla_decode(c, h, 1, longest, f, fp8_name, Some(stages), DType::BF16);
                     c.b.set_mla_kv_stages(None)?;
                     r
                 });

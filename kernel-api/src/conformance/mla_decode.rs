@@ -227,11 +227,13 @@ fn check_tiled_layout(rng: &mut TestRng, f: Fp8Flavor) {
 /// with bf16 queries (exact inputs: a tensor-core path must keep f32 accuracy); bf16
 /// outputs within Tolerance::BF16; a bf16-typed view of the Bf16 cache and a strided layer
 /// slice of the pool give the same result; fp8 caches agree with the bf16 cache of the same
-/// raw values within Tolerance::FP8_E4M3 (the error of e4m3 storage of c and k_pe).
+/// raw values within Tolerance::FP8_E4M3 (the error of e4m3 storage of c and k_pe). First the
+/// f32 queries at f32's extremes (`f32_query_extremes`).
 pub fn mla_decode_every_cache_format<B: Backend + MlaDecode>(b: &B) {
     let mut rng = TestRng::new(0x41A1);
     check_tiled_layout(&mut rng, FN);
     check_tiled_layout(&mut rng, FNUZ);
+    f32_query_extremes(b, &mut rng);
     // (latent, rope, heads, page, q_len); (37, ..): a latent that is no multiple of 8, so the
     // MMA kernels' last output columns go out one at a time (mla_attend_mma.cuh, epilogue); the
     // last: K3's dims, where every format (the tile-scaled one included) takes the GPU kernels'
@@ -293,6 +295,40 @@ pub fn mla_decode_every_cache_format<B: Backend + MlaDecode>(b: &B) {
                 assert_close(&format!("{what} layer slice"), &o2, &out, Tolerance::F32);
             }
         }
+    }
+}
+
+/// f32 queries at f32's largest magnitudes: at K3's dims (where GPU kernels run f32 queries on
+/// the matrix units as bf16 hi + lo planes) one latent and one rope column of every query row
+/// hold +-f32::MAX (an infinity when rounded to bf16) and +-3e38 (finite in bf16, with a large
+/// remainder), the matching key columns of the bf16 cache tiny normals (m 2^-126, m in [1, 2)
+/// varying per token), so those columns add finite terms of 4 to 8 that differ per token. A path
+/// that rounds such a query into an infinity, or lets the remainder of one overflow, gives
+/// infinite or NaN scores; f32 accuracy otherwise (Tolerance::F32).
+fn f32_query_extremes<B: Backend + MlaDecode>(b: &B, rng: &mut TestRng) {
+    let (dims, heads, q_len) = (KvDims::K3, 12, 2);
+    let seq_lens = lens(rng, 2, q_len, 90);
+    let mut raw = PagedCase::new(rng, KvCacheFormat::Bf16, dims, 64, &seq_lens, 2.0).raw;
+    let (lat_col, rope_col) = (3, dims.latent + 5);
+    for tok in raw.iter_mut().flatten() {
+        for col in [lat_col, rope_col] {
+            tok[col] = (1.0 + rng.below(128) as f32 / 128.0) * 2f32.powi(-126);
+        }
+    }
+    let c = PagedCase::from_raw(rng, KvCacheFormat::Bf16, dims, 64, raw);
+    let mut q = rng.normals(seq_lens.len() * q_len * heads * dims.width(), 0.5);
+    for (r, row) in q.chunks_mut(dims.width()).enumerate() {
+        let sign = if r % 2 == 0 { 1.0 } else { -1.0 };
+        row[lat_col] = sign * f32::MAX;
+        row[rope_col] = -sign * 3.0e38;
+    }
+    for variant in [MlaDecodeVariant::AsmStyle, MlaDecodeVariant::GluonStyle] {
+        let p = params(&c, heads, q_len, K3_SOFTMAX_SCALE, variant, MlaSplitPolicy::Auto);
+        let (want, want_lse) = decode_oracle(&c, &q, q_len, heads, K3_SOFTMAX_SCALE as f64);
+        let (out, lse, _) = decode(b, &c, &p, &q, DType::F32, DType::F32);
+        assert!(want.iter().chain(&want_lse).all(|v| v.is_finite()), "the oracle's results are finite");
+        assert_close(&format!("f32 query extremes {variant:?}"), &out, &want, Tolerance::F32);
+        assert_close(&format!("f32 query extremes {variant:?} lse"), &lse, &want_lse, Tolerance::F32);
     }
 }
 

@@ -1,5 +1,5 @@
-// Tensor-core variant of the absorbed-MLA attention core (mla_attend.cuh) for bf16 queries:
-// the same row tiles (16 (query, head) rows = one MMA M tile) over 16-token KV tiles, with
+// Tensor-core variant of the absorbed-MLA attention core (mla_attend.cuh) for bf16 queries, and
+// for f32 ones as bf16 hi + lo planes (kSplitQ, "f32 queries" below): the same row tiles (16 (query, head) rows = one MMA M tile) over 16-token KV tiles, with
 // QK^T and PV as k3::mma bf16 products accumulating in f32 (mma.sync m16n8k16 at warp 32,
 // MFMA 16x16x16 at warp 64; the fragment maps of k3/mma_layout.h make the code shape-generic).
 //
@@ -333,6 +333,59 @@ K3_DEVICE void decode_tile(const Cache& c, int s0, int n, int units, const TileU
   if (!tiled && u0 < kMultSlots) m[u0] = 1.0f;
 }
 
+// ---- f32 queries (kSplitQ) ----
+// An f32 query goes to the matrix units as two bf16 planes, hi = bf16(x) and lo = bf16(x - hi),
+// both rounded to nearest even (x - hi is exact in f32): |x - hi - lo| <= 2^-16 |x|, so the
+// scores keep ~16 bits of the query, as P keeps ~16 bits of itself in PV (two MMAs each). An
+// infinity stays in hi (lo = 0), a finite x that rounds to an infinity is truncated instead
+// (hi finite, the remainder in lo), a NaN stays a NaN.
+//
+// The query is read straight into the warp's A fragments, with no staging: a lane's A slots
+// lie in groups of four on one row at four adjacent k_perm columns (m16n8k16: slots 0, 1, 4, 5
+// on row g and 2, 3, 6, 7 on row g + 8; the 16x16x16 MFMA: slots 0-3), so each group of a
+// k-step is one 16-byte f32 load, and the warp's k-steps read each query value once per block.
+constexpr int kAGroups = Shape::kASlots / 4;
+K3_HOST_DEVICE constexpr int a_group_slot(int g, int i) {
+  return Shape::kId == k3::mma::M16N8K16::kId ? 2 * g + (i / 2) * 4 + i % 2 : 4 * g + i;
+}
+K3_HOST_DEVICE constexpr bool a_groups_hold() {
+  for (int lane = 0; lane < Shape::kWarp; ++lane) {
+    for (int g = 0; g < kAGroups; ++g) {
+      const k3::layout::RC r0 = Shape::a(lane, a_group_slot(g, 0));
+      if (k_col(r0.col) % 4 != 0) return false;
+      for (int i = 0; i < 4; ++i) {
+        const k3::layout::RC rc = Shape::a(lane, a_group_slot(g, i));
+        if (rc.row != r0.row || k_col(rc.col) != k_col(r0.col) + i) return false;
+      }
+    }
+  }
+  return Shape::kASlots % 4 == 0;
+}
+static_assert(a_groups_hold(), "a lane's A slots: groups of four adjacent k_perm columns on one row");
+
+// bf16(x) rounded to nearest even, or truncated where that rounds a finite x to an infinity.
+K3_DEVICE float bf16_hi(float x, uint32_t rounded_half) {
+  const float h = k3::uint_as_float(rounded_half << 16);
+  const bool overflow = (k3::float_as_uint(h) & 0x7fffffffu) == 0x7f800000u && (k3::float_as_uint(x) & 0x7fffffffu) < 0x7f800000u;
+  return overflow ? k3::uint_as_float(k3::float_as_uint(x) & 0xffff0000u) : h;
+}
+
+// One 16-byte group of four f32 query values into the hi and lo slots of its A fragments.
+K3_DEVICE void split_q_group(const k3::u32x4& x, int g, k3::mma::FragA<Shape>& hi, k3::mma::FragA<Shape>& lo) {
+  K3_UNROLL
+  for (int p = 0; p < 2; ++p) {
+    const float a = k3::uint_as_float(x.v[2 * p]), b = k3::uint_as_float(x.v[2 * p + 1]);
+    const uint32_t r = k3::pack_bf16x2_rn(a, b);
+    const float ha = bf16_hi(a, r & 0xffffu), hb = bf16_hi(b, r >> 16);
+    const bool ia = (k3::float_as_uint(ha) & 0x7fffffffu) == 0x7f800000u, ib = (k3::float_as_uint(hb) & 0x7fffffffu) == 0x7f800000u;
+    const uint32_t l = k3::pack_bf16x2_rn(ia ? 0.0f : a - ha, ib ? 0.0f : b - hb);
+    hi.x[a_group_slot(g, 2 * p)] = static_cast<uint16_t>(k3::float_as_uint(ha) >> 16);
+    hi.x[a_group_slot(g, 2 * p + 1)] = static_cast<uint16_t>(k3::float_as_uint(hb) >> 16);
+    lo.x[a_group_slot(g, 2 * p)] = static_cast<uint16_t>(l & 0xffffu);
+    lo.x[a_group_slot(g, 2 * p + 1)] = static_cast<uint16_t>(l >> 16);
+  }
+}
+
 // cp.wait<ahead>() for a run-time `ahead` in 1 .. kMaxKvStages - 1 (the wait's count is an
 // immediate in cp.async.wait_group).
 template <class Copy>
@@ -348,14 +401,18 @@ K3_DEVICE void wait_ahead(Copy& cp, int ahead) {
   }
 }
 
-// As mla::attend, for bf16 queries (q.dt == kBF16) and pad16(latent) + pad16(rope) <= 576.
+// As mla::attend, for bf16 queries (q.dt == kBF16; f32 with kSplitQ) and pad16(latent) +
+// pad16(rope) <= 576.
 // kVec (the host's choice, vector_kernel in kernels/src/ops/mla_decode.rs): the cache rows are
 // 16-byte copyable (vector_path(c)), and the query rows are 16-byte aligned (q.q, q.off, q.st,
 // q.sh multiples of 8 elements); the row tile's queries are then staged through the KV area in
 // 16-byte loads and the fragments read from shared memory, and the KV tiles run through the
 // copy pipeline. Otherwise each query fragment slot is one 2-byte global load and the cache
 // goes through load_tile (bytewise if it must).
-template <bool kVec>
+// kSplitQ (with kVec): f32 queries (q.dt == kF32, rows 16-byte aligned), read straight into hi
+// and lo A fragments (split_q_group) and multiplied twice per k-step; nothing of them is staged,
+// so every first tile's copies go out right behind the query loads.
+template <bool kVec, bool kSplitQ = false>
 K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
                           const Dest& dst, uint8_t* shared) {
   const MmaSmem sm = carve_mma(shared);
@@ -433,10 +490,47 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
   const int early = q_off / stage_bytes < ahead ? q_off / stage_bytes : ahead;
   uint16_t* const q_rows = reinterpret_cast<uint16_t*>(stages + q_off);
 
-  // This warp's query fragments: k-steps warp, warp + kWarps, ...
+  // This warp's query fragments: k-steps warp, warp + kWarps, ... (kSplitQ: qa the hi plane).
+  static_assert(kVec || !kSplitQ, "f32 queries take the 16-byte path");
   k3::mma::FragA<Shape> qa[kQSteps];
+  k3::mma::FragA<Shape> qlo[kSplitQ ? kQSteps : 1];
   const uint16_t* qbits = static_cast<const uint16_t*>(q.q);
-  if constexpr (kVec) {
+  if constexpr (kSplitQ) {
+    // Every group's load is issued (a dead one reads a live address and is dropped) before any
+    // is used, then the first tiles' copies, then the split. A group's row is the same in every
+    // k-step: its address (a division by the group's heads) is computed once.
+    const float* qf = static_cast<const float*>(q.q);
+    const k3::u32x4 zero = {{0u, 0u, 0u, 0u}};
+    const float* grow[kAGroups];
+    int gcol[kAGroups];
+    bool glive[kAGroups];
+    K3_UNROLL
+    for (int g = 0; g < kAGroups; ++g) {
+      const k3::layout::RC rc = k3::mma::a_coord<Shape>(a_group_slot(g, 0));
+      const int rho = r.rho0 + rc.row;
+      glive[g] = rho < total_rows;
+      const int rl = glive[g] ? rho : r.rho0;
+      grow[g] = qf + q.off + (rl / r.gh) * q.st + (r.head0 + rl % r.gh) * q.sh;
+      gcol[g] = k_col(rc.col);
+    }
+    k3::u32x4 qv[kQSteps][kAGroups];
+    K3_UNROLL
+    for (int i = 0; i < kQSteps; ++i) {
+      const int ks = warp + i * kWarps;
+      const bool step = ks < nks;  // warp-uniform
+      K3_UNROLL
+      for (int g = 0; g < kAGroups; ++g) {
+        const k3::u32x4 v = k3::load_16b(grow[g] + (step ? ks * 16 + gcol[g] : 0));  // lp == latent on this path
+        qv[i][g] = step && glive[g] ? v : zero;
+      }
+    }
+    if constexpr (kRaw) issue_first(0, ahead);
+    K3_UNROLL
+    for (int i = 0; i < kQSteps; ++i) {
+      K3_UNROLL
+      for (int g = 0; g < kAGroups; ++g) split_q_group(qv[i][g], g, qa[i], qlo[i]);
+    }
+  } else if constexpr (kVec) {
     // Rows of wpad = latent + rope values, 8 per 16-byte unit, into the KV area at q_off (no
     // stage in flight is there) at its pitch; rows past the item are zero. kRaw: all of a
     // thread's units are loaded before the early tiles go out and stored after, so the tiles'
@@ -478,7 +572,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     k3::sync_threads();
   }
   K3_UNROLL
-  for (int i = 0; i < kQSteps; ++i) {
+  for (int i = 0; i < (kSplitQ ? 0 : kQSteps); ++i) {
     const int ks = warp + i * kWarps;
     if constexpr (kVec) {
       if (ks < nks) {  // warp-uniform
@@ -501,7 +595,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     }
   }
 
-  if constexpr (kRaw) {
+  if constexpr (kRaw && !kSplitQ) {
     k3::sync_threads();  // the query rows are read; their stages may be overwritten
     issue_first(early, ahead);
   }
@@ -579,6 +673,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
           k3::mma::FragC<Shape> t;
           k3::mma::fill(t, 0.0f);
           k3::mma::mma_sync(t, qa[i], kb, t);
+          if constexpr (kSplitQ) k3::mma::mma_sync(t, qlo[i], kb, t);
           const int slot = mult_slot(ks * 16, lp);
           // = slot outside the rope, and known at compile time (at most 3: the staged rows hold 4).
           const int slot_i = step_tile(i) < kMultSlots - 1 ? step_tile(i) : 0;
@@ -596,6 +691,7 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
           }
         } else {
           k3::mma::mma_sync(sacc, qa[i], kb, sacc);
+          if constexpr (kSplitQ) k3::mma::mma_sync(sacc, qlo[i], kb, sacc);
         }
       }
       k3::mma::store_c(sacc, sm.spart + warp * kRows * kMmaTile + nt * Shape::N, kMmaTile);

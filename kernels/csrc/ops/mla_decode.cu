@@ -1,8 +1,9 @@
 // Absorbed MLA over the paged latent cache (kernel-api ops/mla_decode.rs is the spec): the
 // Gluon-style split-KV decode, the asm-style persistent decode with its device-side work
 // partition, the LSE reduce of both, and the ragged absorbed prefill. All share one attention
-// core per path: `*_mma` kernels (bf16 queries) run the tensor-core core of mla_attend_mma.cuh,
-// the others the f32 SIMT core of mla_attend.cuh (256 threads and 16-row tiles in both).
+// core per path: `*_mma` kernels (bf16 queries) and `*_mma_f32q` (16-byte aligned f32 queries,
+// as bf16 hi + lo planes) run the tensor-core core of mla_attend_mma.cuh, the others the f32
+// SIMT core of mla_attend.cuh (256 threads and 16-row tiles in both).
 //
 // Workspace (floats / ints, byte offsets from the plan): partial outs [slot][q_len][16][latent],
 // partial LSEs [slot][q_len][16]; asm plans then hold the schedule the metadata kernel writes:
@@ -104,12 +105,17 @@ K3_DEVICE mla::Dest decode_dest(int b, int g, int slot, int q_len, int latent, v
   return d;
 }
 
-// One row tile on the chosen core; kVec: the 16-byte MMA core (mla_attend_mma.cuh).
-template <bool kMma, bool kVec>
+// A kernel's attention core: the f32 SIMT one (mla_attend.cuh) or the MMA one
+// (mla_attend_mma.cuh) for any bf16 input, for 16-byte aligned bf16 queries and cache rows, or
+// for 16-byte aligned f32 queries (split into bf16 hi + lo planes).
+enum class Core { kSimt, kMmaUnaligned, kMma, kMmaF32Q };
+
+// One row tile on the chosen core.
+template <Core C>
 K3_AMD_INLINE K3_DEVICE void attend_tile(const mla::Cache& c, const mla::Query& q, const mla::Rows& r, float score_scale,
                            float out_scale, const mla::Dest& dst) {
-  if constexpr (kMma) {
-    mla::attend_mma<kVec>(c, q, r, score_scale, out_scale, dst, k3::dynamic_shared<uint8_t>());
+  if constexpr (C != Core::kSimt) {
+    mla::attend_mma<C != Core::kMmaUnaligned, C == Core::kMmaF32Q>(c, q, r, score_scale, out_scale, dst, k3::dynamic_shared<uint8_t>());
   } else {
     const Smem sm = carve_shared();
     mla::attend(c, q, r, score_scale, out_scale, dst, sm.raw, sm.mult, sm.pbuf);
@@ -117,7 +123,7 @@ K3_AMD_INLINE K3_DEVICE void attend_tile(const mla::Cache& c, const mla::Query& 
 }
 
 // Runs every row tile of one decode item (all q_len queries x the group's heads).
-template <bool kMma, bool kVec>
+template <Core C>
 K3_AMD_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& q, int heads, int q_len, int seq_len, int g,
                            int kv_start, int kv_end, int rt_begin, int rt_step, float score_scale, float out_scale,
                            const mla::Dest& dst) {
@@ -134,7 +140,7 @@ K3_AMD_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& 
     r.n_keys = seq_len;
     r.kv_start = kv_start;
     r.kv_end = kv_end;
-    attend_tile<kMma, kVec>(c, q, r, score_scale, out_scale, dst);
+    attend_tile<C>(c, q, r, score_scale, out_scale, dst);
   }
   // Here, not in the attention core: after the item nothing is live across the recorder call.
   mla::report_bad_page(c, kv_start, kv_end);
@@ -157,7 +163,7 @@ K3_AMD_INLINE K3_DEVICE void decode_item(const mla::Cache& c, const mla::Query& 
       float out_scale, k3::ErrorRecord *err
 #define MLA_ASM_ARGS items, cu_indptr, n_items, batch, num_partials, score_scale, out_scale, err
 
-template <bool kMma, bool kVec>
+template <Core C>
 K3_AMD_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale, k3::ErrorRecord* err) {
   const int b = static_cast<int>(k3::block_idx_x());
   const int g = static_cast<int>(k3::block_idx_y()) / q_len;
@@ -177,7 +183,7 @@ K3_AMD_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float
   if (!len_ok) return;  // block-uniform
   const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
   const mla::Dest d = decode_dest(b, g, slot, q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
-  decode_item<kMma, kVec>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, rt, q_len, score_scale, out_scale, d);
+  decode_item<C>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, rt, q_len, score_scale, out_scale, d);
 }
 
 // Items come from mla_decode_asm_schedule, which checked the seq_lens they were cut from (and
@@ -185,7 +191,7 @@ K3_AMD_INLINE K3_DEVICE void gluon_body(MLA_DECODE_PARAMS, int num_splits, float
 // (`run_prepared`), after which the caller may have overwritten the workspace: every cu_indptr
 // and item entry is checked against the plan's bounds (n_items, batch, head groups, the block
 // table's keys, the partial slots) before use, and the block-table entries per item.
-template <bool kMma, bool kVec>
+template <Core C>
 K3_AMD_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
   const int unit = static_cast<int>(k3::block_idx_x());
   const int head_groups = (heads + mla::kRows - 1) / mla::kRows;
@@ -209,7 +215,7 @@ K3_AMD_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
                    num_pages, err, k3::kCheckMlaDecodeBlockTable, b);
     const mla::Query qq = {q, q_dt, b * q_sb, q_st, q_sh};
     const mla::Dest d = decode_dest(b, g, slot, q_len, latent, out, out_dt, o_sb, o_st, o_sh, lse, l_sb, l_st, l_sh, ws, ws_lse_off);
-    decode_item<kMma, kVec>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, 0, 1, score_scale, out_scale, d);
+    decode_item<C>(c, qq, heads, q_len, seq_len, g, kv_start, kv_end, 0, 1, score_scale, out_scale, d);
   }
 }
 
@@ -223,19 +229,24 @@ K3_AMD_INLINE K3_DEVICE void asm_body(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
 // checks, kernels/src/ops/mla_decode.rs vector_kernel); `*_mma_unaligned` take any bf16 input.
 K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale,
                                                      k3::ErrorRecord* err) {
-  gluon_body<false, false>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
+  gluon_body<Core::kSimt>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_gluon);
 K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_gluon_mma(MLA_DECODE_PARAMS, int num_splits, float score_scale, float out_scale,
                                                          k3::ErrorRecord* err) {
-  gluon_body<true, true>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
+  gluon_body<Core::kMma>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_gluon_mma);
 K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon_mma_unaligned(MLA_DECODE_PARAMS, int num_splits, float score_scale,
                                                                    float out_scale, k3::ErrorRecord* err) {
-  gluon_body<true, false>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
+  gluon_body<Core::kMmaUnaligned>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_gluon_mma_unaligned);
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_gluon_mma_f32q(MLA_DECODE_PARAMS, int num_splits, float score_scale,
+                                                                             float out_scale, k3::ErrorRecord* err) {
+  gluon_body<Core::kMmaF32Q>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
+}
+K3_EXPORT(mla_decode_gluon_mma_f32q);
 
 namespace {
 
@@ -345,17 +356,23 @@ K3_EXPORT(mla_decode_asm_schedule);
 // Asm style, persistent: one block per compute unit walks its items (from the schedule in the
 // workspace), each over all of its row tiles. `*_mma` / `*_mma_unaligned` as for Gluon.
 K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
-  asm_body<false, false>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
+  asm_body<Core::kSimt>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
 }
 K3_EXPORT(mla_decode_asm);
 K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_asm_mma(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
-  asm_body<true, true>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
+  asm_body<Core::kMma>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
 }
 K3_EXPORT(mla_decode_asm_mma);
 K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma_unaligned(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
-  asm_body<true, false>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
+  asm_body<Core::kMmaUnaligned>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
 }
 K3_EXPORT(mla_decode_asm_mma_unaligned);
+// One wave per SIMD on AMD: the lo plane's 18 VGPRs put it past 256 (gfx942: 27 spilled at two
+// waves; the Gluon form fits).
+K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma_f32q(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
+  asm_body<Core::kMmaF32Q>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
+}
+K3_EXPORT(mla_decode_asm_mma_f32q);
 
 // Merges partial slots by LSE into out/lse, parallel over (entry, row, latent chunk): grid
 // (entries, q_len x min(heads, kRows), ceil(latent / kReduceDims)), kReduceThreads threads of 4
@@ -494,7 +511,7 @@ K3_EXPORT(mla_decode_reduce);
       o_st, o_sh, lse, l_st, l_sh, heads, causal, score_scale, out_scale, err
 
 namespace {
-template <bool kMma, bool kVec>
+template <Core C>
 K3_AMD_INLINE K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) {
   const int rt = static_cast<int>(k3::block_idx_x());
   const int g = static_cast<int>(k3::block_idx_y());
@@ -542,16 +559,21 @@ K3_AMD_INLINE K3_DEVICE void prefill_absorbed_body(MLA_PREFILL_ABSORBED_PARAMS) 
   r.n_keys = seq_len;
   r.kv_start = 0;
   r.kv_end = seq_len;
-  attend_tile<kMma, kVec>(c, qq, r, score_scale, out_scale, d);
+  attend_tile<C>(c, qq, r, score_scale, out_scale, d);
 }
 }  // namespace
 
 // `*_mma` / `*_mma_unaligned` as for the decode kernels.
-K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<false, false>(MLA_PREFILL_ABSORBED_ARGS); }
+K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<Core::kSimt>(MLA_PREFILL_ABSORBED_ARGS); }
 K3_EXPORT(mla_prefill_absorbed);
-K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_prefill_absorbed_mma(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<true, true>(MLA_PREFILL_ABSORBED_ARGS); }
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_prefill_absorbed_mma(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<Core::kMma>(MLA_PREFILL_ABSORBED_ARGS); }
 K3_EXPORT(mla_prefill_absorbed_mma);
 K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma_unaligned(MLA_PREFILL_ABSORBED_PARAMS) {
-  prefill_absorbed_body<true, false>(MLA_PREFILL_ABSORBED_ARGS);
+  prefill_absorbed_body<Core::kMmaUnaligned>(MLA_PREFILL_ABSORBED_ARGS);
 }
 K3_EXPORT(mla_prefill_absorbed_mma_unaligned);
+// One wave per SIMD on AMD, as mla_decode_asm_mma_f32q (two waves spilled 8-12 VGPRs).
+K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma_f32q(MLA_PREFILL_ABSORBED_PARAMS) {
+  prefill_absorbed_body<Core::kMmaF32Q>(MLA_PREFILL_ABSORBED_ARGS);
+}
+K3_EXPORT(mla_prefill_absorbed_mma_f32q);

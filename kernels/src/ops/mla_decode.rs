@@ -10,10 +10,13 @@
 //!   pairs.
 //! - Prefill: one launch over (row tile, head group, sequence) reading the device `cu_seqlens_q`.
 //!
-//! bf16 queries run the `*_mma` kernels (QK^T and PV on tensor cores / MFMA), f32 queries the
-//! f32 SIMT kernels (the tests hold f32 inputs to f32 accuracy, which bf16 operands cannot give).
-//! The `*_mma` kernels read queries and cache rows only in 16-byte transfers; inputs they cannot
-//! (unaligned pointers, strides or dims, see `vector_kernel`) run `*_mma_unaligned`. At warp 32
+//! bf16 queries run the `*_mma` kernels (QK^T and PV on tensor cores / MFMA). f32 queries (model-k3
+//! passes its f32 activations) run the `*_mma_f32q` kernels: each query value as two bf16 planes,
+//! hi = bf16(x) and lo = bf16(x - hi), |x - hi - lo| <= 2^-16 |x|, two MMAs per k-step, as P
+//! goes through PV, which keeps the conformance suite's f32 tolerance (bf16 queries alone would
+//! not). The `*_mma` kernels read queries and cache rows only in 16-byte transfers; inputs they
+//! cannot (unaligned pointers, strides or dims, see `vector_kernel`) run `*_mma_unaligned` (bf16)
+//! or the f32 SIMT kernels (f32). At warp 32
 //! (CUDA) the `*_mma` kernels pipeline the KV tiles: the cache rows as stored are copied by
 //! cp.async (k3::AsyncCopy) up to 64 KiB ahead of the tile being multiplied, as far as the
 //! device's shared memory per block allows, and decoded at fragment load (`kv_stages`: K3's fp8
@@ -132,11 +135,13 @@ fn raw_pitch(c: &MlaPagedCache) -> usize {
     bytes + (16 + 128 - bytes % 128) % 128
 }
 
-/// Resident blocks per SM / CU of the `*_mma` attention kernels (bf16 queries: K3's) at their K3
+/// Resident blocks per SM / CU of the `*_mma` attention kernels (bf16 queries) at their K3
 /// launches, as benches/kernel-resources.json derives them from the binaries (registers, shared
 /// memory and the card's limits; the unit test below fails when a regenerated report
-/// disagrees): 1 on sm_90a / sm_100a / sm_103a (208-238 registers x 256 threads), 2 on gfx942
-/// (VGPRs and 64 KiB of LDS) and gfx950 (VGPRs). Other devices take 1, one block per unit.
+/// disagrees): 1 on sm_90a / sm_100a / sm_103a (204-231 registers x 256 threads), 2 on gfx942
+/// (VGPRs and 64 KiB of LDS) and gfx950 (VGPRs). Other devices take 1, one block per unit. The
+/// f32-query twins match it except `mla_decode_asm_mma_f32q` on gfx942 (one wave per SIMD: its
+/// 608 blocks run in two rounds, as the f32 SIMT kernels' do).
 fn attention_resident_blocks(arch: &str) -> u32 {
     match arch {
         "gfx942" | "gfx950" => 2,
@@ -146,7 +151,8 @@ fn attention_resident_blocks(arch: &str) -> u32 {
 
 /// How an attention kernel family runs for given tensors (`GpuBackend::attention_core`).
 struct AttentionCore {
-    /// The kernel's name: the family with `_mma`, `_mma_unaligned` or nothing (f32 SIMT core).
+    /// The kernel's name: the family with `_mma`, `_mma_unaligned`, `_mma_f32q` or nothing (f32
+    /// SIMT core).
     name: String,
     /// Dynamic shared bytes of the launch.
     shared: u32,
@@ -154,14 +160,21 @@ struct AttentionCore {
     kv_stages: i32,
 }
 
-/// Which attention core a launch uses: the tensor-core one (`*_mma` kernels) for bf16 queries
-/// whose 16-padded row fits, else the f32 SIMT one. Returns the kernel name suffix, the dynamic
-/// shared bytes and the raw pipeline's stages; `vec`: the 16-byte `*_mma` form (raw pipeline
-/// stages at warp 32), else `*_mma_unaligned` (one bf16 tile). `limit`: the device's shared
-/// memory per block; `forced`: [`GpuBackend::set_mla_kv_stages`].
+/// Which attention core a launch uses: the tensor-core one for bf16 queries whose 16-padded row
+/// fits (`vec`: the 16-byte `*_mma` form, raw pipeline stages at warp 32; else `*_mma_unaligned`,
+/// one bf16 tile) and for f32 queries on the 16-byte path (`*_mma_f32q`: the query as bf16 hi +
+/// lo planes, the `*_mma` staging), else the f32 SIMT one. Returns the kernel name suffix, the
+/// dynamic shared bytes and the raw pipeline's stages. `limit`: the device's shared memory per
+/// block; `forced`: [`GpuBackend::set_mla_kv_stages`].
 fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32, limit: usize, forced: Option<usize>) -> Result<(&'static str, u32, usize)> {
     let wpad = c.dims.latent.next_multiple_of(16) + c.dims.rope.next_multiple_of(16);
-    if q_dtype != DType::BF16 || wpad > MAX_WIDTH {
+    let suffix = match q_dtype {
+        DType::BF16 if vec => "_mma",
+        DType::BF16 => "_mma_unaligned",
+        DType::F32 if vec => "_mma_f32q",
+        _ => "",
+    };
+    if suffix.is_empty() || wpad > MAX_WIDTH {
         return Ok(("", shared_bytes(c.dims.width()), 1));
     }
     // The MMA core's shared memory (mla_attend_mma.cuh): 8 warps' partial scores, P, alpha, l,
@@ -174,15 +187,16 @@ fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32, limit: usi
         Some(stages) => (bf16_tile.max(stages * MMA_TILE * raw_pitch(c)), stages),
         None => (bf16_tile, 1),
     };
-    Ok(("_mma", (fixed + kv_area) as u32, stages))
+    Ok((suffix, (fixed + kv_area) as u32, stages))
 }
 
-/// Whether the `*_mma` kernels (16-byte query and cache loads, no bytewise path) may run, else
-/// the `*_mma_unaligned` ones: the query rows and every cache row start 16-byte aligned and
+/// Whether the `*_mma` / `*_mma_f32q` kernels (16-byte query and cache loads, no bytewise path)
+/// may run, else the `*_mma_unaligned` ones (bf16) or the SIMT ones (f32): the query rows (bf16
+/// or f32) and every cache row start 16-byte aligned and
 /// latent, rope and (tile-scaled) the scale block end on 16-byte boundaries (`mla::vector_path`
 /// on the device side; with latent <= 512 its tile-scaled condition means 4 scale tiles, one
 /// 16-byte unit). K3's shapes (latent 512, rope 64, contiguous bf16 tensors) always qualify.
-fn vector_kernel(q: DevicePtr, q_strides: &[usize], cache: DevicePtr, bl: &ByteLayout, c: &MlaPagedCache) -> bool {
+fn vector_kernel(q: DevicePtr, q_dtype: DType, q_strides: &[usize], cache: DevicePtr, bl: &ByteLayout, c: &MlaPagedCache) -> bool {
     let (latent, rope) = (c.dims.latent, c.dims.rope);
     let scales_end = latent + 4 * latent.div_ceil(128);
     let cache_ok = latent % 16 == 0
@@ -191,8 +205,9 @@ fn vector_kernel(q: DevicePtr, q_strides: &[usize], cache: DevicePtr, bl: &ByteL
         && cache.0 % 16 == 0
         && bl.page_stride % 16 == 0
         && bl.row_stride % 16 == 0;
+    let per_unit = 16 / q_dtype.size_bytes().max(1);
     let (dims, last) = q_strides.split_at(q_strides.len() - 1);
-    let q_ok = q.0 % 16 == 0 && last == [1] && dims.iter().all(|&st| st % 8 == 0);
+    let q_ok = q.0 % 16 == 0 && last == [1] && dims.iter().all(|&st| st % per_unit == 0);
     cache_ok && q_ok
 }
 
@@ -201,11 +216,10 @@ impl<R: Runtime> GpuBackend<R> {
     /// `_mma_unaligned` or f32 form, its dynamic shared bytes and KV stages.
     fn attention_core(&self, family: &str, q: &TensorRef<'_, Self>, c: &MlaPagedCache, cache: &TensorRef<'_, Self>) -> Result<AttentionCore> {
         let (qp, cp) = (self.ptr(q.buf, &q.layout), self.ptr(cache.buf, &cache.layout));
-        let aligned = vector_kernel(qp, &q.layout.strides, cp, &ByteLayout::of(&cache.layout), c);
+        let aligned = vector_kernel(qp, q.layout.dtype, &q.layout.strides, cp, &ByteLayout::of(&cache.layout), c);
         let info = self.device_info();
         let (suffix, shared, stages) = core(q.layout.dtype, c, aligned, info.warp_size, info.shared_mem_per_block, self.mla_kv_stages())?;
-        let tail = if suffix == "_mma" && !aligned { "_unaligned" } else { "" };
-        Ok(AttentionCore { name: format!("{family}{suffix}{tail}"), shared, kv_stages: stages as i32 })
+        Ok(AttentionCore { name: format!("{family}{suffix}"), shared, kv_stages: stages as i32 })
     }
 }
 
@@ -281,9 +295,9 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
     /// Balances over the blocks the device holds at once, compute units x
     /// [`attention_resident_blocks`] (`Auto`; `ComputeUnits(n)` names that count itself): on
     /// MI300X / MI355X the asm partition runs 2 persistent blocks per CU (608 / 512, both
-    /// resident) and Gluon's auto split fills the same count. The f32-query and
-    /// `*_mma_unaligned` forms hold one block per CU there and run those blocks in two rounds of
-    /// half the work each.
+    /// resident) and Gluon's auto split fills the same count. The f32 SIMT and `*_mma_unaligned`
+    /// forms, and `mla_decode_asm_mma_f32q` on gfx942, hold one block per CU there and run those
+    /// blocks in two rounds of half the work each.
     fn plan(&self, params: &MlaDecodeParams, batch: &MlaDecodeBatch<'_>) -> Result<MlaDecodePlan> {
         let info = self.device_info();
         let plan = MlaDecodePlan::new(params, batch, info.compute_units.saturating_mul(attention_resident_blocks(&info.arch)))?;
@@ -542,8 +556,12 @@ mod tests {
         assert_eq!(auto(DType::BF16, &fp8, true, 32, 64 * 1024).2, 5);
         // Warp 64 and the unaligned form stage one bf16 tile.
         assert_eq!(auto(DType::BF16, &fp8, true, 64, h200), ("_mma", 9664 + 18688, 1));
-        assert_eq!(auto(DType::BF16, &fp8, false, 32, h200), ("_mma", 9664 + 18688, 1));
-        assert_eq!(auto(DType::F32, &fp8, true, 32, h200).2, 1);
+        assert_eq!(auto(DType::BF16, &fp8, false, 32, h200), ("_mma_unaligned", 9664 + 18688, 1));
+        // f32 queries: the MMA core's staging on the 16-byte path, else the SIMT core.
+        assert_eq!(auto(DType::F32, &fp8, true, 32, h200), ("_mma_f32q", 9664 + 7 * 10496, 7));
+        assert_eq!(auto(DType::F32, &bf16, true, 64, h200), ("_mma_f32q", 9664 + 18688, 1));
+        assert_eq!(auto(DType::F32, &fp8, false, 32, h200).0, "");
+        assert_eq!(auto(DType::F32, &fp8, false, 32, h200).2, 1);
         // Fixed stages (GpuBackend::set_mla_kv_stages): taken as they are where they fit, an
         // error naming kv_stages where they do not, ignored at warp 64 and off the 16-byte path.
         assert_eq!(core(DType::BF16, &fp8, true, 32, h200, Some(2)).unwrap(), ("_mma", 9664 + 2 * 10496, 2));

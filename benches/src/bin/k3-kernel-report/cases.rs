@@ -102,9 +102,14 @@ pub fn all(l: &TargetLimits) -> Result<Vec<Case>> {
                 for (format, fname) in
                     [(KvCacheFormat::Bf16, "bf16"), (KvCacheFormat::Fp8Tiled(Fp8Flavor::E4M3Fn), "fp8-tiled")]
                 {
-                    for (variant, vname) in [(MlaDecodeVariant::Auto, "auto"), (MlaDecodeVariant::GluonStyle, "gluon")] {
+                    // bf16 queries, and f32 ones as model-k3 passes them (f32 activations).
+                    for (variant, vname, q_dt) in [
+                        (MlaDecodeVariant::Auto, "auto", DType::BF16),
+                        (MlaDecodeVariant::GluonStyle, "gluon", DType::BF16),
+                        (MlaDecodeVariant::Auto, "auto f32-q", DType::F32),
+                    ] {
                         let shape = format!("H{h} b{batch} ctx{}k {fname} {vname}", ctx / 1024);
-                        case("mla_decode", shape, &|b| mla_decode(b, h, batch, ctx, format, variant))?;
+                        case("mla_decode", shape, &|b| mla_decode(b, h, batch, ctx, format, variant, q_dt))?;
                     }
                 }
             }
@@ -219,7 +224,8 @@ fn kda_decode(b: &Gpu, heads: usize, batch: usize) -> Result<()> {
     KdaDecode::run(b, &plan, args, ws.as_mut(), b.default_stream())
 }
 
-fn mla_decode(b: &Gpu, heads: usize, batch: usize, ctx: usize, format: KvCacheFormat, variant: MlaDecodeVariant) -> Result<()> {
+/// `q_dt`: the query's dtype, also the output's.
+fn mla_decode(b: &Gpu, heads: usize, batch: usize, ctx: usize, format: KvCacheFormat, variant: MlaDecodeVariant, q_dt: DType) -> Result<()> {
     let dims = KvDims::K3;
     let pages_per_seq = ctx.div_ceil(MLA_PAGE);
     let num_pages = batch * pages_per_seq;
@@ -229,9 +235,9 @@ fn mla_decode(b: &Gpu, heads: usize, batch: usize, ctx: usize, format: KvCacheFo
     let lens = vec![ctx as i32; batch];
     let plan = MlaDecode::plan(b, &p, &MlaDecodeBatch { seq_lens: &lens, block_table: &table, max_pages_per_seq: pages_per_seq })?;
     let kv = z(b, DType::U8, &[num_pages, MLA_PAGE, cache.bytes_per_token()])?;
-    let q = z(b, DType::BF16, &[batch, 1, heads, dims.width()])?;
+    let q = z(b, q_dt, &[batch, 1, heads, dims.width()])?;
     let (bt, sl) = (z(b, DType::I32, &[batch, pages_per_seq])?, z(b, DType::I32, &[batch])?);
-    let mut out = z(b, DType::BF16, &[batch, 1, heads, dims.latent])?;
+    let mut out = z(b, q_dt, &[batch, 1, heads, dims.latent])?;
     let mut lse = z(b, DType::F32, &[batch, 1, heads])?;
     let mut ws = b.workspace(MlaDecode::workspace_size(b, &plan))?;
     let args = MlaDecodeArgs {
@@ -434,7 +440,7 @@ mod tests {
     fn every_case_launches_on_every_target() {
         for l in &TARGETS {
             let cases = all(l).expect("all cases plan and run");
-            assert_eq!(cases.len(), 2 * (2 + 3 + 2 * 3 * 2 * 2) + 3 + 4 * 3 + 3 * (5 + 2) + 2 * (3 + 2), "{}", l.target);
+            assert_eq!(cases.len(), 2 * (2 + 3 + 2 * 3 * 2 * 3) + 3 + 4 * 3 + 3 * (5 + 2) + 2 * (3 + 2), "{}", l.target);
             for c in &cases {
                 assert!(!c.launches.is_empty(), "{} {} {} launched nothing", l.target, c.op, c.shape);
             }
@@ -453,6 +459,9 @@ mod tests {
             let asm = m.launches.iter().find(|x| x.kernel == "mla_decode_asm_mma").expect("asm kernel");
             let per_unit = if l.warp_size == 64 { 2 } else { 1 };
             assert_eq!(asm.config.grid, Dim3::x(per_unit * l.units), "{}", l.target);
+            // f32 queries on the 16-byte path take the MMA core too (hi + lo planes).
+            let m = cases.iter().find(|c| c.op == "mla_decode" && c.shape == "H12 b1 ctx8k fp8-tiled auto f32-q").expect("case");
+            assert!(m.launches.iter().any(|x| x.kernel == "mla_decode_asm_mma_f32q"), "{}", l.target);
             // The MMA GEMM's block is 4 warps of the target's width.
             let g = cases.iter().find(|c| c.op == "dense_gemm").expect("case");
             assert_eq!(g.launches[0].config.block, Dim3::x(4 * l.warp_size));
