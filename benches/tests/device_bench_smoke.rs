@@ -49,7 +49,8 @@ fn smoke_run_on_simt32_reports_every_op_family() {
             .count()
     };
     // Smoke shapes: 1 head count; 2 prefill batches, 2 decode batches, 2 MLA batches x 1 context
-    // per cache format and (warp 32) the fp8 cache at 2 and 3 KV stages, 2 MoE token counts
+    // per cache format, with an f32 query on the fp8 cache, and (warp 32) the fp8 cache at 2 and 3
+    // KV stages, 2 MoE token counts
     // (each with checks on and off) and, at the one past 8 tokens, the router on f32 x once per
     // logits path, 2 GEMM shapes x 2 token counts x 1 route (checks on).
     for checks in ["on", "off"] {
@@ -57,7 +58,9 @@ fn smoke_run_on_simt32_reports_every_op_family() {
         assert_eq!(count("kda_prefill", ""), 2, "checks {checks}");
         assert_eq!(count("kda_decode", ""), 2, "checks {checks}");
         assert_eq!(count("mla_decode", "bf16 cache"), 2, "checks {checks}");
-        assert_eq!(count("mla_decode", "fp8"), 4, "checks {checks}");
+        assert_eq!(count("mla_decode", "fp8"), 6, "checks {checks}");
+        let f32_q = rows.iter().filter(|r| r["op"] == "mla_decode" && r["device_checks"] == checks && r["shape"].as_str().is_some_and(|s| s.ends_with(" q=f32")));
+        assert_eq!(f32_q.count(), 2, "f32-query MLA rows, checks {checks}");
         for stages in [2, 3] {
             let label = format!("kv_stages={stages}");
             let swept = rows.iter().filter(|r| r["op"] == "mla_decode" && r["device_checks"] == checks && r["shape"].as_str().is_some_and(|s| s.ends_with(&label)));
