@@ -26,7 +26,7 @@
 //   fragments in registers), interleaved so that a lane's slots of all its n-tiles are adjacent
 //   columns: V comes in one 8-byte (fp8) or 16-byte (bf16) shared load per token and lane, and
 //   the output goes out in 16-byte stores (see kPvCols). P is split into bf16 hi + lo parts (two
-//   MMAs), so the product keeps ~16 bits of P: f32-grade output from bf16 operands. A warp's
+//   MMAs; split_bf16x2), so the product keeps ~16 bits of P: f32-grade output from bf16 operands. A warp's
 //   columns lie in one scale tile: V's multiplier is folded into P once per KV tile.
 #ifndef K3_OPS_MLA_ATTEND_MMA_CUH
 #define K3_OPS_MLA_ATTEND_MMA_CUH
@@ -333,17 +333,33 @@ K3_DEVICE void decode_tile(const Cache& c, int s0, int n, int units, const TileU
   if (!tiled && u0 < kMultSlots) m[u0] = 1.0f;
 }
 
-// ---- f32 queries (kSplitQ) ----
-// An f32 query goes to the matrix units as two bf16 planes, hi = bf16(x) and lo = bf16(x - hi),
-// both rounded to nearest even (x - hi is exact in f32): |x - hi - lo| <= 2^-16 |x|, so the
-// scores keep ~16 bits of the query, as P keeps ~16 bits of itself in PV (two MMAs each). An
-// infinity stays in hi (lo = 0), a finite x that rounds to an infinity is truncated instead
-// (hi finite, the remainder in lo), a NaN stays a NaN.
-//
-// The query is read straight into the warp's A fragments, with no staging: a lane's A slots
-// lie in groups of four on one row at four adjacent k_perm columns (m16n8k16: slots 0, 1, 4, 5
-// on row g and 2, 3, 6, 7 on row g + 8; the 16x16x16 MFMA: slots 0-3), so each group of a
-// k-step is one 16-byte f32 load, and the warp's k-steps read each query value once per block.
+// ---- f32 operands as two bf16 planes (P in PV; f32 queries, kSplitQ) ----
+// x = hi + lo + e with hi = bf16(x) and lo = bf16(x - hi), both rounded to nearest even (x - hi
+// is exact in f32): |e| <= 2^-16 |x|, so two bf16 MMAs keep ~16 bits of x. An infinity stays in
+// hi (lo = 0), a finite x that rounds to an infinity is truncated instead (hi finite, the
+// remainder in lo), a NaN stays a NaN.
+
+// bf16(x) rounded to nearest even, or truncated where that rounds a finite x to an infinity.
+K3_DEVICE float bf16_hi(float x, uint32_t rounded_half) {
+  const float h = k3::uint_as_float(rounded_half << 16);
+  const bool overflow = (k3::float_as_uint(h) & 0x7fffffffu) == 0x7f800000u && (k3::float_as_uint(x) & 0x7fffffffu) < 0x7f800000u;
+  return overflow ? k3::uint_as_float(k3::float_as_uint(x) & 0xffff0000u) : h;
+}
+
+// The planes of (a, b), packed as fragment registers hold them (a in the low half).
+K3_DEVICE void split_bf16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const uint32_t r = k3::pack_bf16x2_rn(a, b);
+  const float ha = bf16_hi(a, r & 0xffffu), hb = bf16_hi(b, r >> 16);
+  const bool ia = (k3::float_as_uint(ha) & 0x7fffffffu) == 0x7f800000u, ib = (k3::float_as_uint(hb) & 0x7fffffffu) == 0x7f800000u;
+  hi = k3::byte_perm(k3::float_as_uint(ha), k3::float_as_uint(hb), 0x7632);
+  lo = k3::pack_bf16x2_rn(ia ? 0.0f : a - ha, ib ? 0.0f : b - hb);
+}
+
+// An f32 query goes to the matrix units as these two planes, read straight into the warp's A
+// fragments with no staging: a lane's A slots lie in groups of four on one row at four adjacent
+// k_perm columns (m16n8k16: slots 0, 1, 4, 5 on row g and 2, 3, 6, 7 on row g + 8; the 16x16x16
+// MFMA: slots 0-3), so each group of a k-step is one 16-byte f32 load, and the warp's k-steps
+// read each query value once per block.
 constexpr int kAGroups = Shape::kASlots / 4;
 K3_HOST_DEVICE constexpr int a_group_slot(int g, int i) {
   return Shape::kId == k3::mma::M16N8K16::kId ? 2 * g + (i / 2) * 4 + i % 2 : 4 * g + i;
@@ -363,24 +379,14 @@ K3_HOST_DEVICE constexpr bool a_groups_hold() {
 }
 static_assert(a_groups_hold(), "a lane's A slots: groups of four adjacent k_perm columns on one row");
 
-// bf16(x) rounded to nearest even, or truncated where that rounds a finite x to an infinity.
-K3_DEVICE float bf16_hi(float x, uint32_t rounded_half) {
-  const float h = k3::uint_as_float(rounded_half << 16);
-  const bool overflow = (k3::float_as_uint(h) & 0x7fffffffu) == 0x7f800000u && (k3::float_as_uint(x) & 0x7fffffffu) < 0x7f800000u;
-  return overflow ? k3::uint_as_float(k3::float_as_uint(x) & 0xffff0000u) : h;
-}
-
 // One 16-byte group of four f32 query values into the hi and lo slots of its A fragments.
 K3_DEVICE void split_q_group(const k3::u32x4& x, int g, k3::mma::FragA<Shape>& hi, k3::mma::FragA<Shape>& lo) {
   K3_UNROLL
   for (int p = 0; p < 2; ++p) {
-    const float a = k3::uint_as_float(x.v[2 * p]), b = k3::uint_as_float(x.v[2 * p + 1]);
-    const uint32_t r = k3::pack_bf16x2_rn(a, b);
-    const float ha = bf16_hi(a, r & 0xffffu), hb = bf16_hi(b, r >> 16);
-    const bool ia = (k3::float_as_uint(ha) & 0x7fffffffu) == 0x7f800000u, ib = (k3::float_as_uint(hb) & 0x7fffffffu) == 0x7f800000u;
-    const uint32_t l = k3::pack_bf16x2_rn(ia ? 0.0f : a - ha, ib ? 0.0f : b - hb);
-    hi.x[a_group_slot(g, 2 * p)] = static_cast<uint16_t>(k3::float_as_uint(ha) >> 16);
-    hi.x[a_group_slot(g, 2 * p + 1)] = static_cast<uint16_t>(k3::float_as_uint(hb) >> 16);
+    uint32_t h, l;
+    split_bf16x2(k3::uint_as_float(x.v[2 * p]), k3::uint_as_float(x.v[2 * p + 1]), h, l);
+    hi.x[a_group_slot(g, 2 * p)] = static_cast<uint16_t>(h & 0xffffu);
+    hi.x[a_group_slot(g, 2 * p + 1)] = static_cast<uint16_t>(h >> 16);
     lo.x[a_group_slot(g, 2 * p)] = static_cast<uint16_t>(l & 0xffffu);
     lo.x[a_group_slot(g, 2 * p + 1)] = static_cast<uint16_t>(l >> 16);
   }
@@ -721,14 +727,21 @@ K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Ro
     if (pv0 < c.latent) {  // warp-uniform
       const int slot = mult_slot(pv0, lp);
       k3::mma::FragA<Shape> hi, lo;
+      float pv[Shape::kASlots];
       K3_UNROLL
       for (int e = 0; e < Shape::kASlots; ++e) {
         const k3::layout::RC rc = k3::mma::a_coord<Shape>(e);
-        float pv = sm.p[rc.row * kMmaTile + rc.col];
-        if (tiled) pv *= kRaw ? stage_mult(st, rc.col, slot) : sm.mult[rc.col * kMultSlots + slot];
-        const k3::bf16 h = k3::f32_to_bf16(pv);
-        hi.x[e] = h.bits;
-        lo.x[e] = k3::f32_to_bf16(pv - k3::bf16_to_f32(h)).bits;
+        pv[e] = sm.p[rc.row * kMmaTile + rc.col];
+        if (tiled) pv[e] *= kRaw ? stage_mult(st, rc.col, slot) : sm.mult[rc.col * kMultSlots + slot];
+      }
+      K3_UNROLL
+      for (int e = 0; e < Shape::kASlots; e += 2) {
+        uint32_t h, l;
+        split_bf16x2(pv[e], pv[e + 1], h, l);
+        hi.x[e] = static_cast<uint16_t>(h & 0xffffu);
+        hi.x[e + 1] = static_cast<uint16_t>(h >> 16);
+        lo.x[e] = static_cast<uint16_t>(l & 0xffffu);
+        lo.x[e + 1] = static_cast<uint16_t>(l >> 16);
       }
       float alpha[Shape::kCSlots];
       K3_UNROLL
