@@ -50,7 +50,7 @@ fn smoke_run_on_simt32_reports_every_op_family() {
     };
     // Smoke shapes: 1 head count; 2 prefill batches, 2 decode batches, 2 MLA batches x 1 context
     // per cache format, with an f32 query on the fp8 cache, and (warp 32) the fp8 cache at 2 and 3
-    // KV stages, 2 MoE token counts
+    // KV stages, 2 MoE token counts with the GEMMs also on f32 activations
     // (each with checks on and off) and, at the one past 8 tokens, the router on f32 x once per
     // logits path, 2 GEMM shapes x 2 token counts x 1 route (checks on).
     for checks in ["on", "off"] {
@@ -67,7 +67,11 @@ fn smoke_run_on_simt32_reports_every_op_family() {
             assert_eq!(swept.count(), 1, "{label}, checks {checks}");
         }
         for op in ["moe_router", "moe_align", "moe_gemm_gate_up", "moe_gemm_down", "moe_combine", "moe"] {
-            assert_eq!(count(op, ""), if op == "moe_router" { 4 } else { 2 }, "{op}, checks {checks}");
+            assert_eq!(count(op, "") - count(op, "f32 act"), if op == "moe_router" { 4 } else { 2 }, "{op}, checks {checks}");
+        }
+        // The two GEMMs again on f32 activations (model-k3's dtypes), per token count.
+        for op in ["moe_gemm_gate_up", "moe_gemm_down"] {
+            assert_eq!(count(op, "f32 act"), 2, "{op} on f32 activations, checks {checks}");
         }
         for path in ["matrix units", "cuda cores"] {
             let rows = rows.iter().filter(|r| r["op"] == "moe_router" && r["device_checks"] == checks && r["shape"].as_str().is_some_and(|s| s.ends_with(path)));

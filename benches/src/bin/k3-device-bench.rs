@@ -12,7 +12,8 @@
 //! MLA decode (batch 1/16/64 at context 8k and 64k, bf16 and fp8-tiled caches), each at 12 and 96
 //! heads (96 = the whole model, 12 = one GPU of TP8); the latent MoE's routed path (router,
 //! align, MXFP4 grouped GEMMs gate-up and down, combine; 896 experts, top 16, latent 3584, expert
-//! width 384 = 3072 / TP8) at 1, 64 and 1024 tokens, per stage and in total, and past 8 tokens
+//! width 384 = 3072 / TP8) at 1, 64 and 1024 tokens, per stage and in total, the two GEMMs again
+//! on f32 activations (model-k3's dtypes) beside them, and past 8 tokens
 //! the router on the model's f32 x once per logits path (matrix units, CUDA cores); the bf16 dense GEMM
 //! of the latent down/up projections and the per-GPU KDA projections at 1, 64 and 1024 tokens,
 //! once per GEMM route of the backend (CUDA: cuBLASLt and the dialect's kernel; ROCm: hipBLASLt
@@ -537,7 +538,29 @@ fn moe<R: Runtime>(c: &mut Bench<'_, R>, t: usize, dims: (usize, usize, usize, u
         c.push(op, shape.clone(), dtype, us, Ok(cost))?;
     }
     let us = c.time(|| call.run(b, &plans))?;
-    c.push("moe", shape, dt, us, total(&costs))
+    c.push("moe", shape, dt, us, total(&costs))?;
+
+    // model-k3's dtypes: f32 activations into both GEMMs (at decode sizes the 16-row kernels'
+    // f32-input form), on the same weights, side by side with the bf16 rows above.
+    let mut inputs = call.inputs;
+    inputs.x = normal(b, DType::F32, &[t, hidden], 1.0, 32)?;
+    inputs.z = Some(normal(b, DType::F32, &[t, l], 1.0, 35)?);
+    let mut call = moe_call(b, &plans, inputs, DType::F32)?;
+    call.router(b, &plans)?;
+    call.align(b, &plans)?;
+    call.gate_up(b, &plans)?;
+    b.synchronize(b.default_stream())?;
+    let distinct = experts_touched(&b.download_tensor(&call.topk_ids)?, e);
+    let costs = plans.costs(distinct, DType::F32, bf)?;
+    let shape = format!("tokens={t} hidden={hidden} latent={l} n={n} experts={e} top_k={k} picked={distinct}");
+    let dt = "f32 act, mxfp4 experts";
+    let gemms: [(&str, MoeStage<R>, Cost); 2] =
+        [("moe_gemm_gate_up", MoeCall::gate_up, costs[2]), ("moe_gemm_down", MoeCall::down, costs[3])];
+    for (op, stage, cost) in gemms {
+        let us = c.time(|| stage(&mut call, b, &plans))?;
+        c.push(op, shape.clone(), dt, us, Ok(cost))?;
+    }
+    Ok(())
 }
 
 /// The router alone on the model's f32 x and bf16 weight, past one token tile, once per logits

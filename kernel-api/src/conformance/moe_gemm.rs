@@ -360,6 +360,10 @@ pub fn moe_gemm_bf16_matches_dense_reference<B: Backend + MoeAlign + MoeGroupedG
         Cfg { local: Some(3), act_dt: DType::BF16, ..cfg(3, 224, 64, 8, 2, 16) },
         Cfg { local: Some(1), act_dt: DType::BF16, ..cfg(40, 80, 40, 4, 2, 128) },
         Cfg { local: Some(2), ..cfg(9, 32, 16, 8, 3, 1) },
+        // f32 x and act at decode sizes, as model-k3 passes them: the 16-row kernels' f32-input
+        // form on both stages, gate/up split over k on 2+ units (k = 256), several live rows.
+        Cfg { x_dt: DType::F32, ..cfg(1, 256, 64, 8, 2, 16) },
+        Cfg { x_dt: DType::F32, ..cfg(6, 256, 32, 2, 2, 16) },
     ];
     for c in &cases {
         let pr = make_problem(&mut rng, c, MoeWeightFormat::Dense);
@@ -382,6 +386,9 @@ pub fn moe_gemm_mxfp4_matches_dense_reference<B: Backend + MoeAlign + MoeGrouped
         // With an expert map: 3 M-blocks, split on 2+ units (the split reduce zeroes the
         // dropped rows).
         Cfg { local: Some(2), act_dt: DType::BF16, ..cfg(3, 256, 32, 6, 2, 16) },
+        // f32 x and act at decode sizes (model-k3's dtypes), with an expert map: gate/up split
+        // over k on 2+ units, both stages on the f32-input form.
+        Cfg { local: Some(4), x_dt: DType::F32, ..cfg(2, 256, 64, 6, 3, 16) },
     ];
     for c in &cases {
         let pr = make_problem(&mut rng, c, MoeWeightFormat::Mxfp4);
@@ -462,6 +469,43 @@ pub fn moe_gemm_mxfp8_activations<B: Backend + MoeAlign + MoeGroupedGemm + MoeCo
         // One e4m3 rounding per input element of a single dot: the fp8 threshold (measured 3.2e-2).
         let cmp = assert_close(&format!("{fmt:?}: y mxfp8 vs bf16 mode"), &y_q, &y, Tolerance::FP8_E4M3);
         assert!(cmp.rel_rmse > 1e-3, "{fmt:?}: MXFP8 down is indistinguishable ({:.1e})", cmp.rel_rmse);
+    }
+}
+
+/// f32 input is never rounded: with one-hot weights (1.0 at column j mod k of output row j, bf16
+/// or MXFP4) each output of the down stage is one input value times the router weight, bit for
+/// bit, for inputs that use every bit of f32's mantissa. A kernel that rounded the input to bf16
+/// would miss by up to 2^-9 relative, one that kept 16 bits of it by up to 2^-17. Decode-sized
+/// M-blocks (split over k on 2+ units at k = 256) and small ones.
+pub fn moe_gemm_f32_input_is_exact<B: Backend + MoeAlign + MoeGroupedGemm>(b: &B) {
+    let mut rng = TestRng::new(55);
+    for fmt in [MoeWeightFormat::Dense, MoeWeightFormat::Mxfp4] {
+        for c in [cfg(2, 96, 256, 4, 2, 16), cfg(3, 64, 64, 4, 2, 4)] {
+            let mut pr = make_problem(&mut rng, &c, fmt);
+            let (rows, cols) = (c.experts * c.hidden, c.inter);
+            let hot = |r: usize| (r % c.hidden) % cols;
+            pr.w2.values = (0..rows * cols).map(|i| if i % cols == hot(i / cols) { 1.0 } else { 0.0 }).collect();
+            // E2M1 code 2 is 1.0; E8M0 127 is 2^0 (low nibble = even column).
+            pr.w2.packed = (0..rows * cols / 2)
+                .map(|i| {
+                    let (r, col) = (2 * i / cols, 2 * i % cols);
+                    u8::from(hot(r) == col) * 0x02 | u8::from(hot(r) == col + 1) * 0x20
+                })
+                .collect();
+            pr.w2.scales = vec![127; rows * cols / MX_BLOCK];
+            let pairs = c.tokens * c.top_k;
+            // Normals whose low mantissa bits are all drawn (an f32 normal's are).
+            let act = rng.normals(pairs * cols, 1.0);
+            assert!(act.iter().any(|v| v.to_bits() & 0xff != 0), "inputs use the low mantissa bits");
+            let y = run_stage(b, &pr, MoeGemmStage::Down, fmt, None, &act).unwrap_or_else(|e| panic!("{fmt:?} {c:?}: {e}"));
+            for p in 0..pairs {
+                for j in 0..c.hidden {
+                    let want = act[p * cols + j % cols] * pr.router_w[p];
+                    let got = y[p * c.hidden + j];
+                    assert_eq!(got.to_bits(), want.to_bits(), "{fmt:?} {c:?}: y[{p}][{j}] = {got:e}, want {want:e}");
+                }
+            }
+        }
     }
 }
 

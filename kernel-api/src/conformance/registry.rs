@@ -53,6 +53,7 @@ macro_rules! __k3_for_each_test {
             moe_grouped_gemm: moe_gemm::moe_gemm_mxfp4_matches_dense_reference,
             moe_grouped_gemm: moe_gemm::moe_gemm_mxfp4_equals_bf16_twin,
             moe_grouped_gemm: moe_gemm::moe_gemm_mxfp8_activations,
+            moe_grouped_gemm: moe_gemm::moe_gemm_f32_input_is_exact,
             moe_grouped_gemm: moe_gemm::moe_gemm_writes_exactly_the_listed_rows,
             moe_combine: moe_gemm::moe_combine_matches_f64_sum,
             moe_grouped_gemm: moe_gemm::moe_gemm_rejects_bad_shapes,

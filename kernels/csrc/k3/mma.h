@@ -266,6 +266,35 @@ K3_HOST_DEVICE constexpr bool m16n8k16_a_kperm_rows() {
 }
 static_assert(m16n8k16_a_kperm_rows(), "load_a_kperm's slot map");
 
+// A lane's A slots read through k_perm lie in groups of four on one row at four adjacent columns
+// (m16n8k16: slots 0, 1, 4, 5 on row g and 2, 3, 6, 7 on row g + 8; the MFMA shapes: slots 4g ..
+// 4g + 3): slot a_group_slot(g, i) holds value i of group g. An f32 A operand then comes in one
+// 16-byte load per group (the f32 queries of MLA, the MoE GEMMs' f32 activations).
+template <class S>
+K3_HOST_DEVICE constexpr int a_groups() {
+  return S::kASlots / 4;
+}
+template <class S>
+K3_HOST_DEVICE constexpr int a_group_slot(int g, int i) {
+  return S::kId == M16N8K16::kId ? 2 * g + (i / 2) * 4 + i % 2 : 4 * g + i;
+}
+template <class S>
+K3_HOST_DEVICE constexpr bool a_groups_hold() {
+  for (int lane = 0; lane < S::kWarp; ++lane) {
+    for (int g = 0; g < a_groups<S>(); ++g) {
+      const RC r0 = S::a(lane, a_group_slot<S>(g, 0));
+      if (k_perm<S>(r0.col) % 4 != 0) return false;
+      for (int i = 0; i < 4; ++i) {
+        const RC rc = S::a(lane, a_group_slot<S>(g, i));
+        if (rc.row != r0.row || k_perm<S>(rc.col) != k_perm<S>(r0.col) + i) return false;
+      }
+    }
+  }
+  return S::kASlots % 4 == 0;
+}
+static_assert(a_groups_hold<M16N8K16>() && a_groups_hold<M16N16K16>(),
+              "a lane's A slots: groups of four adjacent k_perm columns on one row");
+
 // A tile (row-major, lda elements) with its columns read through k_perm.
 template <class S>
 K3_DEVICE void load_a_kperm(FragA<S>& f, const bf16* a, int lda) {

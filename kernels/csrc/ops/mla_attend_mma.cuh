@@ -1,5 +1,6 @@
 // Tensor-core variant of the absorbed-MLA attention core (mla_attend.cuh) for bf16 queries, and
-// for f32 ones as bf16 hi + lo planes (kSplitQ, "f32 queries" below): the same row tiles (16 (query, head) rows = one MMA M tile) over 16-token KV tiles, with
+// for f32 ones as bf16 hi + lo planes (kSplitQ, "f32 queries" below): the same row tiles (16
+// (query, head) rows = one MMA M tile) over 16-token KV tiles, with
 // QK^T and PV as k3::mma bf16 products accumulating in f32 (mma.sync m16n8k16 at warp 32,
 // MFMA 16x16x16 at warp 64; the fragment maps of k3/mma_layout.h make the code shape-generic).
 //
@@ -26,8 +27,9 @@
 //   fragments in registers), interleaved so that a lane's slots of all its n-tiles are adjacent
 //   columns: V comes in one 8-byte (fp8) or 16-byte (bf16) shared load per token and lane, and
 //   the output goes out in 16-byte stores (see kPvCols). P is split into bf16 hi + lo parts (two
-//   MMAs; split_bf16x2), so the product keeps ~16 bits of P: f32-grade output from bf16 operands. A warp's
-//   columns lie in one scale tile: V's multiplier is folded into P once per KV tile.
+//   MMAs; split_bf16x2), so the product keeps ~16 bits of P: f32-grade output from bf16
+//   operands. A warp's columns lie in one scale tile: V's multiplier is folded into P once per
+//   KV tile.
 #ifndef K3_OPS_MLA_ATTEND_MMA_CUH
 #define K3_OPS_MLA_ATTEND_MMA_CUH
 
@@ -357,27 +359,10 @@ K3_DEVICE void split_bf16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
 
 // An f32 query goes to the matrix units as these two planes, read straight into the warp's A
 // fragments with no staging: a lane's A slots lie in groups of four on one row at four adjacent
-// k_perm columns (m16n8k16: slots 0, 1, 4, 5 on row g and 2, 3, 6, 7 on row g + 8; the 16x16x16
-// MFMA: slots 0-3), so each group of a k-step is one 16-byte f32 load, and the warp's k-steps
-// read each query value once per block.
-constexpr int kAGroups = Shape::kASlots / 4;
-K3_HOST_DEVICE constexpr int a_group_slot(int g, int i) {
-  return Shape::kId == k3::mma::M16N8K16::kId ? 2 * g + (i / 2) * 4 + i % 2 : 4 * g + i;
-}
-K3_HOST_DEVICE constexpr bool a_groups_hold() {
-  for (int lane = 0; lane < Shape::kWarp; ++lane) {
-    for (int g = 0; g < kAGroups; ++g) {
-      const k3::layout::RC r0 = Shape::a(lane, a_group_slot(g, 0));
-      if (k_col(r0.col) % 4 != 0) return false;
-      for (int i = 0; i < 4; ++i) {
-        const k3::layout::RC rc = Shape::a(lane, a_group_slot(g, i));
-        if (rc.row != r0.row || k_col(rc.col) != k_col(r0.col) + i) return false;
-      }
-    }
-  }
-  return Shape::kASlots % 4 == 0;
-}
-static_assert(a_groups_hold(), "a lane's A slots: groups of four adjacent k_perm columns on one row");
+// k_perm columns (k3::mma::a_group_slot), so each group of a k-step is one 16-byte f32 load, and
+// the warp's k-steps read each query value once per block.
+constexpr int kAGroups = k3::mma::a_groups<Shape>();
+K3_HOST_DEVICE constexpr int a_group_slot(int g, int i) { return k3::mma::a_group_slot<Shape>(g, i); }
 
 // One 16-byte group of four f32 query values into the hi and lo slots of its A fragments.
 K3_DEVICE void split_q_group(const k3::u32x4& x, int g, k3::mma::FragA<Shape>& hi, k3::mma::FragA<Shape>& lo) {

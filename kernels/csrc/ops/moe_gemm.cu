@@ -56,13 +56,22 @@
 // a chunk without any pair is skipped whole. Dense and MXFP4 weights reach the MMAs as the same bf16
 // operands in the same order, so MXFP4 results equal the bf16 twin's bit for bit.
 //
-// moe_gemm_grouped (any operand f32: the spec decodes exactly to f32, and an f32 operand is never
-// rounded to bf16): 256 threads, SIMT f32 FMA, row chunks of kMoeRM = 16 (stopping at the first
-// padding sentinel), f32 shared tiles; each thread owns one column and kMoeRM / 4 rows and
-// accumulates every output in ascending k (the contract's sequential order), the same order for
-// dense and MXFP4 weights (so MXFP4 equals the bf16 twin bit for bit here too).
+// moe_gemm_grouped_m16{,_splitk}_mma_f32a (f32 input at block_m <= 16: model-k3's activations at
+// decode, with bf16 or MXFP4 weights): the 16-row kernels with the activation ring holding the f32
+// rows as they are (16-B chunks of 4 values, cp.async on NVIDIA); each A fragment load splits its
+// values into three bf16 planes whose sum is the f32 value exactly (mma_f32_planes.cuh), and each
+// weight fragment, read and decoded once, meets the three planes in three MMAs: the products are
+// exact, so the f32 input is never rounded. See MoeMmaSharedF32 for the ring's layout.
+//
+// moe_gemm_grouped (f32 weights, f32 input in larger M-blocks, other layouts: the spec decodes
+// exactly to f32, and an f32 operand is never rounded to bf16): 256 threads, SIMT f32 FMA, row
+// chunks of kMoeRM = 16 (stopping at the first padding sentinel), f32 shared tiles; each thread
+// owns one column and kMoeRM / 4 rows and accumulates every output in ascending k (the contract's
+// sequential order), the same order for dense and MXFP4 weights (so MXFP4 equals the bf16 twin bit
+// for bit here too).
 #include "k3/compat.h"
 #include "moe_mxfp4.cuh"
+#include "mma_f32_planes.cuh"
 
 namespace {
 
@@ -329,6 +338,12 @@ K3_EXPORT(moe_gemm_grouped);
 #else
 #define MOE_MMA_BOUNDS
 #endif
+// The k-steps of a pipeline step (moe_gemm_mma_block).
+#if K3_TARGET_CUDA
+#define MOE_UNROLL_K_STEPS K3_UNROLL
+#else
+#define MOE_UNROLL_K_STEPS
+#endif
 // The split-k kernel: at least 3 resident blocks per SM asked for on NVIDIA (<= 168 registers;
 // the launcher's split count takes the resident blocks per target from a table checked against
 // the resource report, kernels/src/ops/moe_gemm.rs).
@@ -356,28 +371,38 @@ constexpr int kMxChunkK = 32;                       // k per 16-B MXFP4 chunk = 
 constexpr int kMxChunksPerRow = kMmaBK / kMxChunkK;
 static_assert(kMmaThreads % kBf16ChunksPerRow == 0, "every thread stages whole activation chunks");
 
-// The MXFP8 round trip of a 16-B chunk of 8 bf16 held by one lane, 4 consecutive lanes holding
-// the 32 values of one MX block (the amax and NaN/Inf flag reduced over them). Every lane of the
-// warp must call it.
+// The MXFP8 round trip of a 16-B chunk held by one lane: 8 bf16 (4 consecutive lanes holding
+// the 32 values of one MX block) or, kF32, 4 f32 (8 lanes); the amax and NaN/Inf flag are reduced
+// over those lanes. Every lane of the warp must call it.
+template <bool kF32>
 MOE_INLINE K3_DEVICE k3::u32x4 moe_mxfp8_chunk(k3::u32x4 x) {
-  float f[8];
+  constexpr int kVals = kF32 ? 4 : 8;
+  float f[kVals];
   K3_UNROLL
   for (int h = 0; h < 4; ++h) {
-    f[2 * h] = k3::uint_as_float(x.v[h] << 16);
-    f[2 * h + 1] = k3::uint_as_float(x.v[h] & 0xffff0000u);
+    if constexpr (kF32) {
+      f[h] = k3::uint_as_float(x.v[h]);
+    } else {
+      f[2 * h] = k3::uint_as_float(x.v[h] << 16);
+      f[2 * h + 1] = k3::uint_as_float(x.v[h] & 0xffff0000u);
+    }
   }
   float amax = 0.0f, bad = 0.0f;
   K3_UNROLL
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < kVals; ++i) {
     const float a = k3::abs_f32(f[i]);
     amax = a > amax ? a : amax;
     bad = (f[i] - f[i]) != 0.0f || f[i] != f[i] ? 1.0f : bad;
   }
-  amax = moe_block_max(amax, bad, 4);
+  amax = moe_block_max(amax, bad, 32 / kVals);
   k3::u32x4 o;
   K3_UNROLL
   for (int h = 0; h < 4; ++h) {
-    o.v[h] = k3::pack_bf16x2_rn(moe_mxfp8_apply(f[2 * h], amax, bad), moe_mxfp8_apply(f[2 * h + 1], amax, bad));
+    if constexpr (kF32) {
+      o.v[h] = k3::float_as_uint(moe_mxfp8_apply(f[h], amax, bad));
+    } else {
+      o.v[h] = k3::pack_bf16x2_rn(moe_mxfp8_apply(f[2 * h], amax, bad), moe_mxfp8_apply(f[2 * h + 1], amax, bad));
+    }
   }
   return o;
 }
@@ -433,16 +458,75 @@ struct alignas(16) MoeMmaShared {
 };
 static_assert(sizeof(MoeMmaShared::w_mx) <= sizeof(MoeMmaShared::w_tile), "the raw ring fits in the bf16 tiles");
 
-// Issue the asynchronous copies of a 16-row activation step into slot `slot` of a_tile (one
-// chunk per thread; rows without a pair and k past k_end are zero-filled).
-template <int kMaxPending>
-MOE_INLINE K3_DEVICE void moe_mma_issue_a(k3::AsyncCopy<kMaxPending>& cp, MoeMmaShared& sh, int slot, int q,
-                                          const k3::bf16* in, int64_t in_s0, int k0, int k_end) {
-  const int in_row = sh.row_in[q / kBf16ChunksPerRow];
-  const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
-  const bool ok = in_row >= 0 && kc < k_end;
-  k3::bf16* dst = &sh.a_tile[slot * kMmaSmallRM + q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk];
-  cp.copy_16b_or_zero(dst, ok ? in + in_row * in_s0 + kc : in, ok);
+// The 16-row kernels' form for f32 activations (kF32A: moe_gemm_grouped_m16*_mma_f32a). The
+// activation ring holds the f32 rows as they are (16-B chunks of 4 values); each A fragment load
+// splits them into three bf16 planes (mma_f32_planes.cuh) that meet the same B fragment, so the
+// products stay exact and the weights are read and decoded once. Row pitch kF32Lds: on m16n8k16
+// the 8 lanes of a 16-B load phase read rows g, g + 1 at k_perm columns 4q, which 80 floats
+// (16 words mod 32) put in 8 distinct bank quads; the 16x16x16 MFMA's lanes run down the rows at
+// one column, which 68 floats (4 words mod 32) spread. The activation slots follow the weights'
+// ring (MXFP4 4 steps, bf16 2; on AMD one tile through registers), and each weight format's A and
+// W rings share a union with the other's, since f32 rows at the bf16 input's ring depths would
+// not fit beside the bf16 weight tiles: 48320 B on NVIDIA and in the emulator at warp 32 (4
+// blocks per SM on H200, as the bf16 kernel; registers hold the split kernel to 3), 23744 B on
+// AMD (2 blocks per CU on MI300X, 5 on MI355X).
+#if K3_WARP_SIZE == 32
+constexpr int kF32Lds = kMmaBK + 16;
+#else
+constexpr int kF32Lds = kMmaBK + 4;
+#endif
+constexpr int kF32Chunk = 4;                           // f32 per 16-B chunk
+constexpr int kF32AMxSlots = kBf16Tiles > 1 ? kMxStages : 1;
+constexpr int kF32ADenseSlots = kBf16Tiles > 1 ? kBf16Stages : 1;
+
+struct alignas(16) MoeMmaSharedF32 {
+  union {
+    struct {
+      float a_mx[kF32AMxSlots * kMmaSmallRM][kF32Lds];
+      uint8_t w_mx[kMxStages][2 * kMoeBN][kMxPitch];
+    };
+    struct {
+      float a_dense[kF32ADenseSlots * kMmaSmallRM][kF32Lds];
+      k3::bf16 w_tile[kBf16Tiles][2 * kMoeBN][kMmaLds];
+    };
+  };
+  uint8_t w_scale[kMxStages][2 * kMoeBN][kMxChunksPerRow];
+  int row_pair[kMmaSmallRM];
+  int row_in[kMmaSmallRM];
+  float row_w[kMmaSmallRM];
+};
+
+template <bool kF32A>
+struct MoeMmaSharedFor {
+  typedef MoeMmaShared type;
+  typedef k3::bf16 elem;  // of the activation rows
+};
+template <>
+struct MoeMmaSharedFor<true> {
+  typedef MoeMmaSharedF32 type;
+  typedef float elem;
+};
+
+// The first activation row of the block's shared memory: a_tile, or (f32) the ring of the
+// weight format's layout.
+MOE_INLINE K3_DEVICE k3::bf16* moe_a_rows(MoeMmaShared& sh, bool) { return &sh.a_tile[0][0]; }
+MOE_INLINE K3_DEVICE float* moe_a_rows(MoeMmaSharedF32& sh, bool mx) { return mx ? &sh.a_mx[0][0] : &sh.a_dense[0][0]; }
+
+// Issue the asynchronous copies of a 16-row activation step (kChunks 16-B chunks of kChunkK
+// elements per thread, T = bf16 or f32) into the ring slot at a_slot, rows kLds elements apart
+// (rows without a pair and k past k_end are zero-filled).
+template <int kChunks, int kChunkK, int kLds, class T, int kMaxPending>
+MOE_INLINE K3_DEVICE void moe_mma_issue_a(k3::AsyncCopy<kMaxPending>& cp, T* a_slot, const int* row_in, int tid,
+                                          const T* in, int64_t in_s0, int k0, int k_end) {
+  constexpr int kPerRow = kMmaBK / kChunkK;
+  K3_UNROLL
+  for (int i = 0; i < kChunks; ++i) {
+    const int q = tid + i * kMmaThreads;
+    const int in_row = row_in[q / kPerRow];
+    const int kc = k0 + (q % kPerRow) * kChunkK;
+    const bool ok = in_row >= 0 && kc < k_end;
+    cp.copy_16b_or_zero(a_slot + (q / kPerRow) * kLds + (q % kPerRow) * kChunkK, ok ? in + in_row * in_s0 + kc : in, ok);
+  }
 }
 
 // Weight chunk q of a step (kPerRow chunks of kChunkK k per tile row): its tile row, the weight
@@ -466,8 +550,8 @@ MOE_INLINE K3_DEVICE MoeWChunk moe_w_chunk(int q, int n0, int n, int k0, int k_e
 // byte each). kCodes: the codes into slot `slot` of w_mx asynchronously (kAsync) or into the
 // registers x; kScales: the scale bytes into the registers sc. Chunks past n or k_end read as
 // zero codes.
-template <int kWRows, bool kAsync, bool kCodes, bool kScales, int kMaxPending, int kChunks>
-MOE_INLINE K3_DEVICE void moe_mma_issue_mx(k3::AsyncCopy<kMaxPending>& cp, MoeMmaShared& sh, int slot,
+template <int kWRows, bool kAsync, bool kCodes, bool kScales, int kMaxPending, int kChunks, class Sh>
+MOE_INLINE K3_DEVICE void moe_mma_issue_mx(k3::AsyncCopy<kMaxPending>& cp, Sh& sh, int slot,
                                            k3::u32x4 (&x)[kAsync ? 1 : kChunks], uint32_t (&sc)[kChunks], int tid,
                                            const uint8_t* codes, int64_t w_s1, const uint8_t* sc_e, int64_t sc_s1,
                                            int64_t sc_s2, int n0, int n, int k0, int k_end) {
@@ -487,16 +571,18 @@ MOE_INLINE K3_DEVICE void moe_mma_issue_mx(k3::AsyncCopy<kMaxPending>& cp, MoeMm
   }
 }
 
-// Load an activation step (64-row chunks, or 16 rows at warp 64) into registers.
-template <int kChunks, int kTotal>
-MOE_INLINE K3_DEVICE void moe_mma_load_a(k3::u32x4 (&a)[kChunks], const int* row_in, int tid, const k3::bf16* in,
+// Load an activation step (64-row chunks, or 16 rows at warp 64; 16-B chunks of kChunkK
+// elements of T) into registers.
+template <int kChunks, int kTotal, int kChunkK, class T>
+MOE_INLINE K3_DEVICE void moe_mma_load_a(k3::u32x4 (&a)[kChunks], const int* row_in, int tid, const T* in,
                                          int64_t in_s0, int k0, int k_end) {
+  constexpr int kPerRow = kMmaBK / kChunkK;
   const k3::u32x4 zero16 = {{0u, 0u, 0u, 0u}};
   K3_UNROLL
   for (int i = 0; i < kChunks; ++i) {
     const int q = tid + i * kMmaThreads;
-    const int in_row = q < kTotal ? row_in[q / kBf16ChunksPerRow] : -1;
-    const int kc = k0 + (q % kBf16ChunksPerRow) * kBf16Chunk;
+    const int in_row = q < kTotal ? row_in[q / kPerRow] : -1;
+    const int kc = k0 + (q % kPerRow) * kChunkK;
     a[i] = in_row >= 0 && kc < k_end ? k3::load_16b(in + in_row * in_s0 + kc) : zero16;
   }
 }
@@ -515,8 +601,8 @@ MOE_INLINE K3_DEVICE void moe_mma_load_w(k3::u32x4 (&w)[kChunks], int tid, const
 
 // Issue the asynchronous copies of a bf16 weight step into w_tile[slot] (chunks past n or
 // k_end zero-filled).
-template <int kWRows, int kMaxPending, int kChunks>
-MOE_INLINE K3_DEVICE void moe_mma_issue_w(k3::AsyncCopy<kMaxPending>& cp, MoeMmaShared& sh, int slot, int tid,
+template <int kWRows, int kMaxPending, int kChunks, class Sh>
+MOE_INLINE K3_DEVICE void moe_mma_issue_w(k3::AsyncCopy<kMaxPending>& cp, Sh& sh, int slot, int tid,
                                           const k3::bf16* w_e, int64_t w_s1, int n0, int n, int k0, int k_end) {
   K3_UNROLL
   for (int i = 0; i < kChunks; ++i) {
@@ -530,8 +616,8 @@ MOE_INLINE K3_DEVICE void moe_mma_issue_w(k3::AsyncCopy<kMaxPending>& cp, MoeMma
 
 // The B fragment (B[k][n] = W[n][k]) of weight tile rows r.. at k = kk.. from ring slot `slot`:
 // a bf16 step, or decoded now from a raw MXFP4 step.
-template <class S, bool kMx>
-MOE_INLINE K3_DEVICE void moe_mma_load_w_frag(k3::mma::FragB<S>& fb, const MoeMmaShared& sh, int slot, int r, int kk) {
+template <class S, bool kMx, class Sh>
+MOE_INLINE K3_DEVICE void moe_mma_load_w_frag(k3::mma::FragB<S>& fb, const Sh& sh, int slot, int r, int kk) {
   if constexpr (kMx) {
     moe::load_b_mxfp4(fb, &sh.w_mx[slot][r][0], kMxPitch, &sh.w_scale[slot][r][0], kMxChunksPerRow, kk);
   } else {
@@ -539,8 +625,8 @@ MOE_INLINE K3_DEVICE void moe_mma_load_w_frag(k3::mma::FragB<S>& fb, const MoeMm
   }
 }
 
-template <class S, bool kGateUp, int kRM, bool kSplit, bool kMx>
-MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void* input, int64_t in_s0,
+template <class S, bool kGateUp, int kRM, bool kSplit, bool kMx, bool kF32A, class Sh>
+MOE_INLINE K3_DEVICE void moe_gemm_mma_block(Sh& sh, int e, const void* input, int64_t in_s0,
                                              const void* weight, int64_t w_s0, int64_t w_s1, const uint8_t* scale,
                                              int64_t sc_s0, int64_t sc_s1, int64_t sc_s2, const int* sorted,
                                              int64_t sorted_s0, const float* topk_weights, int64_t tw_s0,
@@ -558,21 +644,27 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   constexpr int kFragsM = kRM / kWarpsM / S::M;
   constexpr int kFragsN = kMoeBN / kWarpsN / S::N;
   static_assert(kFragsM >= 1 && kFragsN >= 1, "a warp tile holds whole fragments");
+  static_assert(!kF32A || kRM == kMmaSmallRM, "f32 activations take the 16-row kernels");
   constexpr int kWRows = kGateUp ? 2 * kMoeBN : kMoeBN;
+  // The activation rows: bf16, or f32 (kF32A) split into three planes at fragment load.
+  typedef typename MoeMmaSharedFor<kF32A>::elem AElem;
+  constexpr int kAChunkK = kF32A ? kF32Chunk : kBf16Chunk;  // k per 16-B chunk
+  constexpr int kAPerRow = kMmaBK / kAChunkK;
+  constexpr int kALds = kF32A ? kF32Lds : kMmaLds;
+  constexpr int kPlanes = kF32A ? 3 : 1;
   // Chunks each thread stages per step: activations, bf16 weights, MXFP4 weights (the last two
   // rounded up; chunk ids past the tile stage nothing).
-  constexpr int kATotal = kRM * kBf16ChunksPerRow;
+  constexpr int kATotal = kRM * kAPerRow;
   constexpr int kAChunks = (kATotal + kMmaThreads - 1) / kMmaThreads;
   constexpr int kWChunks = (kWRows * kBf16ChunksPerRow + kMmaThreads - 1) / kMmaThreads;
   constexpr int kXChunks = (kWRows * kMxChunksPerRow + kMmaThreads - 1) / kMmaThreads;
   // What goes through asynchronous copies (see the pipeline below): 16-row activation steps
-  // when a_tile holds kStages of them and every thread copies whole chunks; MXFP4 codes except
-  // on AMD.
+  // when the ring holds kStages of them and every thread copies whole chunks (bf16: a_tile's 64
+  // rows; f32: MoeMmaSharedF32's slots, except on AMD); MXFP4 codes except on AMD.
   constexpr int kStages = kMx ? kMxStages : kBf16Stages;
-  constexpr bool kAsyncA = kRM * kStages <= kMmaRM && kATotal % kMmaThreads == 0;
   constexpr bool kAsyncW = kBf16Tiles > 1;  // weights (MXFP4 codes or bf16 rows) by async copies
+  constexpr bool kAsyncA = (kF32A ? kAsyncW : kRM * kStages <= kMmaRM) && kATotal % kMmaThreads == 0;
   constexpr bool kRegW = !kMx && !kAsyncW;  // bf16 weights through registers into one tile (AMD)
-  static_assert(!kAsyncA || kAChunks == 1, "one activation chunk per thread and step");
   constexpr int kAsyncPerStep = (kAsyncA ? kAChunks : 0) + (kAsyncW ? (kMx ? kXChunks : kWChunks) : 0);
   constexpr int kMaxPending = kAsyncPerStep > 0 ? (kStages - 1) * kAsyncPerStep : 1;
   // The register-staged MXFP4 parts (E8M0 bytes; AMD's codes) run kRegAhead steps ahead in two
@@ -580,7 +672,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   static_assert(!kMx || kStages >= kRegAhead + 1, "the ring reaches at least as far as the registers");
   constexpr bool kMxTogether = kStages == kRegAhead + 1;  // codes and scales of one step at once
 
-  auto& a_tile = sh.a_tile;
+  AElem* const a_rows = moe_a_rows(sh, kMx);
   auto& w_tile = sh.w_tile[0];  // the single bf16 tile of the register path
   int* row_pair = sh.row_pair;
   int* row_in = sh.row_in;
@@ -595,7 +687,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
   bool col_live[kFragsN];
   K3_UNROLL
   for (int j = 0; j < kFragsN; ++j) col_live[j] = n0 + wn + j * S::N < n;
-  const k3::bf16* in_bf16 = static_cast<const k3::bf16*>(input);
+  const AElem* in_a = static_cast<const AElem*>(input);
   const k3::bf16* w_bf16 = static_cast<const k3::bf16*>(weight) + e * w_s0;
   const uint8_t* w_mx = static_cast<const uint8_t*>(weight) + e * w_s0;
   const uint8_t* sc_e = scale != nullptr ? scale + e * sc_s0 : nullptr;
@@ -673,17 +765,17 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
             K3_UNROLL
             for (int i = 0; i < kAChunks; ++i) {
               const int q = tid + i * kMmaThreads;
-              k3::bf16* dst = &a_tile[slot * kRM + q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk];
-              k3::store_16b(dst, moe_mxfp8_chunk(k3::load_16b(dst)));  // the 4 lanes of an MX block
+              AElem* dst = a_rows + (slot * kRM + q / kAPerRow) * kALds + (q % kAPerRow) * kAChunkK;
+              k3::store_16b(dst, moe_mxfp8_chunk<kF32A>(k3::load_16b(dst)));  // the lanes of an MX block
             }
           }
         } else {
           K3_UNROLL
           for (int i = 0; i < kAChunks; ++i) {
             const int q = tid + i * kMmaThreads;
-            const k3::u32x4 v = mxfp8 ? moe_mxfp8_chunk(a_reg[i]) : a_reg[i];  // the 4 lanes of an MX block
+            const k3::u32x4 v = mxfp8 ? moe_mxfp8_chunk<kF32A>(a_reg[i]) : a_reg[i];  // the lanes of an MX block
             if (kATotal % kMmaThreads != 0 && q >= kATotal) break;
-            k3::store_16b(&a_tile[q / kBf16ChunksPerRow][(q % kBf16ChunksPerRow) * kBf16Chunk], v);
+            k3::store_16b(a_rows + (q / kAPerRow) * kALds + (q % kAPerRow) * kAChunkK, v);
           }
         }
         if constexpr (kRegW) {
@@ -715,7 +807,10 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       // it: the barrier above), and step s + 1 into the registers of the single tiles.
       const int t = s + kStages - 1;
       if (t < steps) {
-        if constexpr (kAsyncA) moe_mma_issue_a(cp, sh, t % kStages, tid, in_bf16, in_s0, k_begin + t * kMmaBK, k_end);
+        if constexpr (kAsyncA) {
+          moe_mma_issue_a<kAChunks, kAChunkK, kALds>(cp, a_rows + (t % kStages) * kRM * kALds, row_in, tid, in_a, in_s0,
+                                                     k_begin + t * kMmaBK, k_end);
+        }
         if constexpr (kMx) {
           moe_mma_issue_mx<kWRows, kAsyncW, true, kMxTogether>(cp, sh, t % kStages, x_far, sc_far, tid, w_mx, w_s1, sc_e,
                                                                 sc_s1, sc_s2, n0, n, k_begin + t * kMmaBK, k_end);
@@ -735,7 +830,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       cp.commit();
       if (s + 1 >= 0 && s + 1 < steps) {
         const int k1 = k_begin + (s + 1) * kMmaBK;
-        if constexpr (!kAsyncA) moe_mma_load_a<kAChunks, kATotal>(a_reg, row_in, tid, in_bf16, in_s0, k1, k_end);
+        if constexpr (!kAsyncA) moe_mma_load_a<kAChunks, kATotal, kAChunkK>(a_reg, row_in, tid, in_a, in_s0, k1, k_end);
         if constexpr (kRegW) moe_mma_load_w<kWChunks, kWRows>(w_reg, tid, w_bf16, w_s1, n0, n, k1, k_end);
       }
       if (s < 0) continue;
@@ -745,12 +840,23 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
       const int a_base = kAsyncA ? slot * kRM : 0;
       const int w_slot = kRegW ? 0 : slot;
       // Ascending k, one fragment step at a time: the same order for dense and MXFP4 weights.
-      // Columns past k hold zeros in both tiles.
-      for (int kk = 0; kk < kn; kk += S::K) {
-        FragA<S> fa[kFragsM];
+      // Columns past k hold zeros in both tiles. f32 activations: the hi, mid and lo planes'
+      // products in that order, over the whole step (a tail step's zero columns add 0), unrolled
+      // on NVIDIA: over kn nvcc kept the planes' loop rolled (sm_90a: 146 registers, 3 blocks per
+      // SM; unrolled: 128, 4). On AMD the pragma gave gfx942's bf16 split kernel 2 SGPR spills.
+      const int kk_end = kF32A ? kMmaBK : kn;
+      MOE_UNROLL_K_STEPS
+      for (int kk = 0; kk < kk_end; kk += S::K) {
+        FragA<S> fa[kFragsM][kPlanes];
         K3_UNROLL
         for (int i = 0; i < kFragsM; ++i) {
-          if (row_live[i]) load_a_kperm(fa[i], &a_tile[a_base + wm + i * S::M][kk], kMmaLds);
+          if (!row_live[i]) continue;
+          const AElem* at = a_rows + (a_base + wm + i * S::M) * kALds + kk;
+          if constexpr (kF32A) {
+            f32planes::load_a_split3<S>(fa[i], at, kALds);
+          } else {
+            load_a_kperm(fa[i][0], at, kALds);
+          }
         }
         K3_UNROLL
         for (int j = 0; j < kFragsN; ++j) {
@@ -760,13 +866,19 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(MoeMmaShared& sh, int e, const void
           moe_mma_load_w_frag<S, kMx>(fb, sh, w_slot, wn + j * S::N, kk);
           K3_UNROLL
           for (int i = 0; i < kFragsM; ++i) {
-            if (row_live[i]) mma_sync(acc_g[i][j], fa[i], fb, acc_g[i][j]);
+            K3_UNROLL
+            for (int pl = 0; pl < kPlanes; ++pl) {
+              if (row_live[i]) mma_sync(acc_g[i][j], fa[i][pl], fb, acc_g[i][j]);
+            }
           }
           if constexpr (kGateUp) {
             moe_mma_load_w_frag<S, kMx>(fb, sh, w_slot, kMoeBN + wn + j * S::N, kk);
             K3_UNROLL
             for (int i = 0; i < kFragsM; ++i) {
-              if (row_live[i]) mma_sync(acc_u[i][j], fa[i], fb, acc_u[i][j]);
+              K3_UNROLL
+              for (int pl = 0; pl < kPlanes; ++pl) {
+                if (row_live[i]) mma_sync(acc_u[i][j], fa[i][pl], fb, acc_u[i][j]);
+              }
             }
           }
         }
@@ -833,7 +945,7 @@ namespace {
 // The MMA kernels' body: the stage picks the block instance (gate/up or down). grid.y runs over
 // (k split, column tile): split z covers k in [z * k_chunk, min(k, (z + 1) * k_chunk)), k_chunk a
 // multiple of kMmaBK; with more than one split `partial` is the workspace of raw accumulators.
-template <int kRM, bool kSplit>
+template <int kRM, bool kSplit, bool kF32A>
 MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, const void* weight, int64_t w_s0,
                                               int64_t w_s1, const uint8_t* scale, int64_t sc_s0, int64_t sc_s1,
                                               int64_t sc_s2, const int* sorted, int64_t sorted_s0,
@@ -843,8 +955,9 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
                                               int experts, int block_m, int k, int n, int max_padded, int gate_up,
                                               float beta, float linear_beta, int mxfp8, int k_chunk, float* partial,
                                               k3::ErrorRecord* err) {
-  K3_SHARED(MoeMmaShared, sh_block, [1]);
-  MoeMmaShared& sh = sh_block[0];
+  typedef typename MoeMmaSharedFor<kF32A>::type Sh;
+  K3_SHARED(Sh, sh_block, [1]);
+  Sh& sh = sh_block[0];
   const int blk = static_cast<int>(k3::block_idx_x());
   const int tid = static_cast<int>(k3::thread_idx_x());
   const int64_t first = static_cast<int64_t>(blk) * block_m;
@@ -896,7 +1009,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
   }
   // One instance per stage and weight format (MXFP4 decodes at fragment load from a raw ring).
 #define MOE_MMA_BLOCK(kGateUp, kMx)                                                                                 \
-  moe_gemm_mma_block<k3::mma::Bf16Shape, kGateUp, kRM, kSplit, kMx>(                                                \
+  moe_gemm_mma_block<k3::mma::Bf16Shape, kGateUp, kRM, kSplit, kMx, kF32A>(                                                \
       sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0, topk_weights, tw_s0, \
       tw_s1, out, out_dt, out_s0, out_s1, pairs, top_k, block_m, n0, k_begin, k_end, n, beta, linear_beta, mxfp8,  \
       part, late_w, err)
@@ -916,66 +1029,48 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
 
 }  // namespace
 
-// Same arguments as moe_gemm_grouped; the launcher sends only bf16 input and bf16 or MXFP4
-// weights here, with 16-B rows (see moe_gemm_mma_block; in_dt, w_dt, in_s1 = w_s2 = 1 are then
-// implied). Block: 4 warps (4 * kWarpSize threads). Row chunks of 64 (block_m > 16).
-K3_KERNEL MOE_MMA_BOUNDS void moe_gemm_grouped_mma(const void* input, int in_dt, int64_t in_s0, int64_t in_s1,
-                                                   const void* weight, int w_dt, int64_t w_s0, int64_t w_s1,
-                                                   int64_t w_s2, const uint8_t* scale, int64_t sc_s0, int64_t sc_s1,
-                                                   int64_t sc_s2, const int* sorted, int64_t sorted_s0,
-                                                   const int* expert_ids, int64_t eid_s0, const int* num_post_padded,
-                                                   const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out,
-                                                   int out_dt, int64_t out_s0, int64_t out_s1, int pairs, int top_k,
-                                                   int experts, int block_m, int k, int n, int max_padded, int gate_up,
-                                                   float beta, float linear_beta, int mxfp8, int k_chunk,
-                                                   float* partial, k3::ErrorRecord* err) {
-  (void)in_dt, (void)w_dt, (void)in_s1, (void)w_s2;
-  moe_gemm_mma_kernel<kMmaRM, false>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0,
-                              expert_ids, eid_s0, num_post_padded, topk_weights, tw_s0, tw_s1, out, out_dt, out_s0,
-                              out_s1, pairs, top_k, experts, block_m, k, n, max_padded, gate_up, beta, linear_beta,
-                              mxfp8, k_chunk, partial, err);
-}
+// The MMA kernels: moe_gemm_grouped's arguments (the launcher sends bf16 or MXFP4 weights and
+// 16-B rows, see moe_gemm_mma_block: w_dt, in_s1 = w_s2 = 1 are then implied, and in_dt by the
+// kernel), 4 warps (4 * kWarpSize threads), one moe_gemm_mma_kernel instance each.
+#define MOE_MMA_KERNEL(name, bounds, kRM, kSplit, kF32A)                                                           \
+  K3_KERNEL bounds void name(                                                                                      \
+      const void* input, int in_dt, int64_t in_s0, int64_t in_s1, const void* weight, int w_dt, int64_t w_s0,      \
+      int64_t w_s1, int64_t w_s2, const uint8_t* scale, int64_t sc_s0, int64_t sc_s1, int64_t sc_s2,               \
+      const int* sorted, int64_t sorted_s0, const int* expert_ids, int64_t eid_s0, const int* num_post_padded,     \
+      const float* topk_weights, int64_t tw_s0, int64_t tw_s1, void* out, int out_dt, int64_t out_s0,              \
+      int64_t out_s1, int pairs, int top_k, int experts, int block_m, int k, int n, int max_padded, int gate_up,   \
+      float beta, float linear_beta, int mxfp8, int k_chunk, float* partial, k3::ErrorRecord* err) {               \
+    (void)in_dt, (void)w_dt, (void)in_s1, (void)w_s2;                                                              \
+    moe_gemm_mma_kernel<kRM, kSplit, kF32A>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted,  \
+                                            sorted_s0, expert_ids, eid_s0, num_post_padded, topk_weights, tw_s0,   \
+                                            tw_s1, out, out_dt, out_s0, out_s1, pairs, top_k, experts, block_m, k, \
+                                            n, max_padded, gate_up, beta, linear_beta, mxfp8, k_chunk, partial,    \
+                                            err);                                                                  \
+  }
+
+// bf16 input, row chunks of 64 (block_m > 16).
+MOE_MMA_KERNEL(moe_gemm_grouped_mma, MOE_MMA_BOUNDS, kMmaRM, false, false)
 K3_EXPORT(moe_gemm_grouped_mma);
 
-// moe_gemm_grouped_mma at block_m <= 16 (decode): row chunks of 16, each warp 16 rows x 16
-// columns, so all 4 warps issue MMAs for a full M-block.
-K3_KERNEL MOE_MMA_BOUNDS void moe_gemm_grouped_m16_mma(const void* input, int in_dt, int64_t in_s0, int64_t in_s1,
-                                                       const void* weight, int w_dt, int64_t w_s0, int64_t w_s1,
-                                                       int64_t w_s2, const uint8_t* scale, int64_t sc_s0,
-                                                       int64_t sc_s1, int64_t sc_s2, const int* sorted,
-                                                       int64_t sorted_s0, const int* expert_ids, int64_t eid_s0,
-                                                       const int* num_post_padded, const float* topk_weights,
-                                                       int64_t tw_s0, int64_t tw_s1, void* out, int out_dt,
-                                                       int64_t out_s0, int64_t out_s1, int pairs, int top_k,
-                                                       int experts, int block_m, int k, int n, int max_padded,
-                                                       int gate_up, float beta, float linear_beta, int mxfp8,
-                                                       int k_chunk, float* partial, k3::ErrorRecord* err) {
-  (void)in_dt, (void)w_dt, (void)in_s1, (void)w_s2;
-  moe_gemm_mma_kernel<kMmaSmallRM, false>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0,
-                                   expert_ids, eid_s0, num_post_padded, topk_weights, tw_s0, tw_s1, out, out_dt,
-                                   out_s0, out_s1, pairs, top_k, experts, block_m, k, n, max_padded, gate_up, beta,
-                                   linear_beta, mxfp8, k_chunk, partial, err);
-}
+// bf16 input at block_m <= 16 (decode): row chunks of 16, each warp 16 rows x 16 columns, so all
+// 4 warps issue MMAs for a full M-block.
+MOE_MMA_KERNEL(moe_gemm_grouped_m16_mma, MOE_MMA_BOUNDS, kMmaSmallRM, false, false)
 K3_EXPORT(moe_gemm_grouped_m16_mma);
 
 // moe_gemm_grouped_m16_mma split over k (the launcher's choice at decode sizes): grid.y runs
 // over (split, column tile); each block multiplies its k range and writes the raw accumulators
 // to `partial` (moe_gemm_splitk_reduce finishes). Its own instance, so the unsplit kernels carry
 // neither the k range nor the second store path in their registers.
-K3_KERNEL MOE_MMA_SPLIT_BOUNDS void moe_gemm_grouped_m16_splitk_mma(
-    const void* input, int in_dt, int64_t in_s0, int64_t in_s1, const void* weight, int w_dt, int64_t w_s0,
-    int64_t w_s1, int64_t w_s2, const uint8_t* scale, int64_t sc_s0, int64_t sc_s1, int64_t sc_s2, const int* sorted,
-    int64_t sorted_s0, const int* expert_ids, int64_t eid_s0, const int* num_post_padded, const float* topk_weights,
-    int64_t tw_s0, int64_t tw_s1, void* out, int out_dt, int64_t out_s0, int64_t out_s1, int pairs, int top_k,
-    int experts, int block_m, int k, int n, int max_padded, int gate_up, float beta, float linear_beta, int mxfp8,
-    int k_chunk, float* partial, k3::ErrorRecord* err) {
-  (void)in_dt, (void)w_dt, (void)in_s1, (void)w_s2;
-  moe_gemm_mma_kernel<kMmaSmallRM, true>(input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted,
-                                         sorted_s0, expert_ids, eid_s0, num_post_padded, topk_weights, tw_s0, tw_s1,
-                                         out, out_dt, out_s0, out_s1, pairs, top_k, experts, block_m, k, n,
-                                         max_padded, gate_up, beta, linear_beta, mxfp8, k_chunk, partial, err);
-}
+MOE_MMA_KERNEL(moe_gemm_grouped_m16_splitk_mma, MOE_MMA_SPLIT_BOUNDS, kMmaSmallRM, true, false)
 K3_EXPORT(moe_gemm_grouped_m16_splitk_mma);
+
+// The two 16-row kernels for f32 input (moe_gemm_mma_block's kF32A: the activation ring holds
+// the f32 rows, each A fragment is split into three exact bf16 planes), block_m <= 16.
+MOE_MMA_KERNEL(moe_gemm_grouped_m16_mma_f32a, MOE_MMA_BOUNDS, kMmaSmallRM, false, true)
+K3_EXPORT(moe_gemm_grouped_m16_mma_f32a);
+MOE_MMA_KERNEL(moe_gemm_grouped_m16_splitk_mma_f32a, MOE_MMA_SPLIT_BOUNDS, kMmaSmallRM, true, true)
+K3_EXPORT(moe_gemm_grouped_m16_splitk_mma_f32a);
+#undef MOE_MMA_KERNEL
 
 // Rows (4 floats of each at this thread's columns) that sum_rows_in_order loads before adding
 // any: every load of a group is issued with no condition (a row index past the last one reads

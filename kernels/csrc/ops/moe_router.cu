@@ -29,6 +29,7 @@
 // Dynamic shared memory of moe_router_topk (launcher): scores[E] f32, sel[E] f32, blocked[E] i32,
 // gscore[G] f32, gblocked[G] i32, chosen[top_k] i32.
 #include "k3/compat.h"
+#include "mma_f32_planes.cuh"
 
 namespace {
 
@@ -372,31 +373,6 @@ K3_DEVICE K3_AMD_INLINE uint16_t router_half(uint32_t word, int i) {
   return static_cast<uint16_t>((i & 1) != 0 ? word >> 16 : word);
 }
 
-// 4 f32 (one k step of a lane's chunk) as three bf16 planes, hi + mid + lo = x exactly, packed as
-// bf16 pairs (values 0, 1 and 2, 3). An infinity stays in hi with mid = lo = 0; a NaN gives NaN
-// remainders (x - hi is NaN), so a NaN whose payload the truncation drops (hi an infinity) still
-// makes the logits NaN, as in f32.
-K3_DEVICE K3_AMD_INLINE void router_split3(const k3::u32x4& x, uint32_t (&hi)[2], uint32_t (&mid)[2],
-                                           uint32_t (&lo)[2]) {
-  float h[4], m[4], l[4];
-  K3_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t b = x.v[i];
-    const float hf = k3::uint_as_float(b & 0xffff0000u);
-    const float r = (b & 0x7fffffffu) == 0x7f800000u ? 0.0f : k3::uint_as_float(b) - hf;  // exact
-    const float mf = k3::uint_as_float(k3::float_as_uint(r) & 0xffff0000u);
-    h[i] = hf;
-    m[i] = mf;
-    l[i] = r - mf;  // exact, and at most 8 significant bits: a bf16 (below f32's normal range it drops the tail)
-  }
-  K3_UNROLL
-  for (int p = 0; p < 2; ++p) {
-    hi[p] = k3::byte_perm(k3::float_as_uint(h[2 * p]), k3::float_as_uint(h[2 * p + 1]), 0x7632);
-    mid[p] = k3::byte_perm(k3::float_as_uint(m[2 * p]), k3::float_as_uint(m[2 * p + 1]), 0x7632);
-    lo[p] = k3::byte_perm(k3::float_as_uint(l[2 * p]), k3::float_as_uint(l[2 * p + 1]), 0x7632);
-  }
-}
-
 // The staged x of a slab in shared memory: for every plane, A fragment (tile, window) and k step,
 // each lane's A registers of that step, lane after lane. A 16-byte read gives a lane its step's
 // registers on m16n8k16 (4 words: kSteps = 1 per record) and both steps' on the MFMA (2 words
@@ -472,7 +448,7 @@ K3_DEVICE K3_AMD_INLINE void router_store_x_slab(k3::u32x4 (*xs)[kRouterXRecords
         K3_UNROLL
         for (int c = 0; c < 2; ++c) {
           uint32_t hi[2], mid[2], lo[2];
-          router_split3(st.raw[n][r][c], hi, mid, lo);
+          f32planes::split3(st.raw[n][r][c], hi, mid, lo);
           planes[0][r].v[2 * c] = hi[0], planes[0][r].v[2 * c + 1] = hi[1];
           planes[1][r].v[2 * c] = mid[0], planes[1][r].v[2 * c + 1] = mid[1];
           planes[2][r].v[2 * c] = lo[0], planes[2][r].v[2 * c + 1] = lo[1];

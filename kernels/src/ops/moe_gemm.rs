@@ -8,9 +8,13 @@
 //! exact in bf16 and the input and weight rows are contiguous along k and 16-byte aligned (the
 //! kernels move them in 16-byte vectors): bf16 input (with or without the MXFP8 round trip, whose
 //! e4m3 x 2^x values of a bf16 row stay on bf16's grid) and bf16 or MXFP4 weights (e2m1 x
-//! 2^(S-127) is exact in bf16). Otherwise (f32 input or f32 weights, other layouts) `moe_gemm_grouped`, the f32
-//! FMA kernel: the spec decodes operands exactly to f32, so an f32 operand is never rounded to
-//! bf16. Both kernels take the same arguments and use the same tiles and epilogues.
+//! 2^(S-127) is exact in bf16). f32 input at `block_m` <= 16 (model-k3's activations at decode)
+//! takes the 16-row kernels' `_f32a` form: the activation ring holds the f32 rows and each A
+//! fragment is split into three bf16 planes whose sum is the f32 value exactly, so the products
+//! stay exact and the weights are read and decoded once. Otherwise (f32 weights, f32 input in
+//! larger M-blocks, other layouts) `moe_gemm_grouped`, the f32 FMA kernel: the spec decodes
+//! operands exactly to f32, so an f32 operand is never rounded to bf16. All these kernels take
+//! the same arguments and use the same tiles and epilogues.
 //!
 //! The MMA kernels' k loop is a multi-stage pipeline of 64-k steps (see csrc/ops/moe_gemm.cu):
 //! MXFP4 weights stay raw in a 4-step ring (3 on AMD) and are decoded at MMA-fragment load, bf16
@@ -47,15 +51,16 @@ const MAX_SPLITS: usize = 16;
 /// memory (`kReduceStagedRows` in moe_gemm.cu); [`split_k`] splits only at `block_m` <= 16.
 const REDUCE_STAGED_ROWS: usize = 16;
 
-/// Resident blocks per SM / CU of `moe_gemm_grouped_m16_splitk_mma` on the report's targets:
-/// the occupancy that benches/kernel-resources.json derives from the compiled binaries
-/// (registers, shared memory and the card's limits; the unit test below fails when a regenerated
-/// report disagrees). sm_90a: 4 (registers and shared memory); sm_100a / sm_103a: 4 (registers);
-/// gfx942 (MI300X): 2 (64 KiB of LDS); gfx950 (MI355X): 5 (VGPRs and 160 KiB of LDS). Other
-/// devices take a conservative 3 at warp 32 (e.g. sm_80's 164 KiB of shared memory holds 3
-/// blocks) and 2 at warp 64.
-fn splitk_resident_blocks(arch: &str, warp: u32) -> usize {
+/// Resident blocks per SM / CU of `moe_gemm_grouped_m16_splitk_mma` (bf16 input) and of its
+/// `_f32a` form on the report's targets: the occupancy that benches/kernel-resources.json derives
+/// from the compiled binaries (registers, shared memory and the card's limits; the unit test
+/// below fails when a regenerated report disagrees). sm_90a: 4 (registers and shared memory), 3
+/// for `_f32a` (its 144 registers); sm_100a / sm_103a: 4; gfx942 (MI300X): 2 (64 KiB of LDS);
+/// gfx950 (MI355X): 5 (VGPRs and 160 KiB of LDS). Other devices take a conservative 3 at warp 32
+/// (e.g. sm_80's 164 KiB of shared memory holds 3 blocks) and 2 at warp 64.
+fn splitk_resident_blocks(arch: &str, warp: u32, input: MmaInput) -> usize {
     match arch {
+        "sm_90a" if input == MmaInput::F32Planes => 3,
         "sm_90a" | "sm_100a" | "sm_103a" => 4,
         "gfx942" => 2,
         "gfx950" => 5,
@@ -69,15 +74,15 @@ fn splitk_resident_blocks(arch: &str, warp: u32) -> usize {
 /// (K3 TP8 gate_up at batch 1: 16 x 6 = 96 blocks of 56 k steps on 132 SMs); the k range is then
 /// cut so the grid comes as close as it can to one full wave of resident blocks
 /// ([`splitk_resident_blocks`] per SM / CU) without exceeding it. Served M-blocks are at most
-/// min(pairs, M-blocks) (each holds a pair). Depends on the plan and the device only, so
-/// `workspace_size` and `run` agree.
-fn split_k(plan: &MoeGemmPlan, info: &DeviceInfo) -> (usize, usize) {
+/// min(pairs, M-blocks) (each holds a pair). Depends on the plan, the device and the input form
+/// only; `workspace_size` sizes for the larger of the two forms' counts.
+fn split_k(plan: &MoeGemmPlan, info: &DeviceInfo, input: MmaInput) -> (usize, usize) {
     let p = &plan.params;
     let steps = p.k.div_ceil(STEP_K);
     if p.routing.block_m > 16 {
         return (1, steps * STEP_K);
     }
-    let per_unit = splitk_resident_blocks(&info.arch, info.warp_size);
+    let per_unit = splitk_resident_blocks(&info.arch, info.warp_size, input);
     let tiles = p.n.div_ceil(TILE_N);
     let blocks = plan.pairs.min(plan.num_blocks).max(1).saturating_mul(tiles);
     let want = (info.compute_units as usize).saturating_mul(per_unit) / blocks;
@@ -97,10 +102,27 @@ fn partial_row_floats(plan: &MoeGemmPlan) -> usize {
     plan.params.n.div_ceil(4).saturating_mul(4 * halves)
 }
 
-/// Whether the product's operands are all exact in bf16, so the MMA kernel computes the spec's
-/// products exactly (see the module docs).
-fn uses_mma(p: &MoeGemmParams, input: DType, weight: DType) -> bool {
-    input == DType::BF16 && (p.weights == MoeWeightFormat::Mxfp4 || weight == DType::BF16)
+/// How the input reaches the matrix units, when the MMA kernels compute the spec's products
+/// exactly (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum MmaInput {
+    /// bf16 rows, as they are.
+    Bf16,
+    /// f32 rows split into three exact bf16 planes (the 16-row kernels' `_f32a` form).
+    F32Planes,
+}
+
+/// The MMA kernels' input form for these dtypes, or `None` for the f32 FMA kernel: the weights
+/// must be exact in bf16 (MXFP4 or bf16), the input bf16, or f32 at `block_m` <= 16.
+fn mma_input(p: &MoeGemmParams, input: DType, weight: DType) -> Option<MmaInput> {
+    if p.weights != MoeWeightFormat::Mxfp4 && weight != DType::BF16 {
+        return None;
+    }
+    match input {
+        DType::BF16 => Some(MmaInput::Bf16),
+        DType::F32 if p.routing.block_m <= 16 => Some(MmaInput::F32Planes),
+        _ => None,
+    }
 }
 
 impl<R: Runtime> GpuBackend<R> {
@@ -154,7 +176,7 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
     /// splits; sized whenever the MMA kernels could serve the plan (the input dtype and
     /// alignment are only known at `run`, which then leaves the workspace unused).
     fn workspace_size(&self, plan: &MoeGemmPlan) -> usize {
-        let (splits, _) = split_k(plan, self.device_info());
+        let splits = [MmaInput::Bf16, MmaInput::F32Planes].map(|i| split_k(plan, self.device_info(), i).0).into_iter().max().unwrap_or(1);
         if splits <= 1 {
             return 0;
         }
@@ -206,8 +228,12 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         // The MMA kernel reads input and weight rows in 16-byte vectors (k a multiple of 8, so
         // every 8-element chunk is whole); other layouts take the f32 kernel (never split).
         let vector_rows = p.k % 8 == 0 && rows_16b(in_ptr, inp) && rows_16b(w_ptr, w);
-        let mma = uses_mma(p, inp.dtype, w.dtype) && vector_rows;
-        let (splits, k_chunk) = if mma { split_k(plan, self.device_info()) } else { (1, p.k) };
+        let mma_in = mma_input(p, inp.dtype, w.dtype).filter(|_| vector_rows);
+        let mma = mma_in.is_some();
+        let (splits, k_chunk) = match mma_in {
+            Some(input) => split_k(plan, self.device_info(), input),
+            None => (1, p.k),
+        };
         if splits > 1 && r.block_m > REDUCE_STAGED_ROWS {
             return Err(Error::unsupported("params.routing.block_m", "the split-k reduce takes M-blocks of at most 16 rows"));
         }
@@ -231,10 +257,12 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         let grid = (m_blocks, (p.n.div_ceil(TILE_N) * splits) as u32);
         let (name, threads) = if mma {
             // Decode-sized M-blocks take the 16-row tiling, where every warp owns live rows.
-            let name = match (r.block_m <= 16, splits > 1) {
-                (true, true) => "moe_gemm_grouped_m16_splitk_mma",
-                (true, false) => "moe_gemm_grouped_m16_mma",
-                (false, _) => "moe_gemm_grouped_mma",
+            let name = match (r.block_m <= 16, splits > 1, mma_in) {
+                (true, true, Some(MmaInput::F32Planes)) => "moe_gemm_grouped_m16_splitk_mma_f32a",
+                (true, false, Some(MmaInput::F32Planes)) => "moe_gemm_grouped_m16_mma_f32a",
+                (true, true, _) => "moe_gemm_grouped_m16_splitk_mma",
+                (true, false, _) => "moe_gemm_grouped_m16_mma",
+                (false, ..) => "moe_gemm_grouped_mma",
             };
             (name, MMA_WARPS * self.device_info().warp_size)
         } else {
@@ -302,18 +330,22 @@ impl<R: Runtime> MoeCombine for GpuBackend<R> {
 
 #[cfg(test)]
 mod tests {
-    use super::splitk_resident_blocks;
+    use super::{splitk_resident_blocks, MmaInput};
 
     /// The table agrees with the resource report (benches/kernel-resources.json, regenerated
-    /// from the binaries by `k3-kernel-report --write`): every K3 launch of the split kernel
+    /// from the binaries by `k3-kernel-report --write`): every K3 launch of either split kernel
     /// there has the resident blocks the table gives its target.
     #[test]
     fn splitk_resident_blocks_match_the_report() {
-        let launches = crate::ops::report_resident_blocks("moe_gemm_grouped_m16_splitk_mma");
-        for (target, resident) in &launches {
-            let warp = if target.starts_with("gfx") { 64 } else { 32 };
-            assert_eq!(*resident, splitk_resident_blocks(target, warp), "{target}");
+        for (kernel, input) in
+            [("moe_gemm_grouped_m16_splitk_mma", MmaInput::Bf16), ("moe_gemm_grouped_m16_splitk_mma_f32a", MmaInput::F32Planes)]
+        {
+            let launches = crate::ops::report_resident_blocks(kernel);
+            for (target, resident) in &launches {
+                let warp = if target.starts_with("gfx") { 64 } else { 32 };
+                assert_eq!(*resident, splitk_resident_blocks(target, warp, input), "{kernel} on {target}");
+            }
+            assert!(launches.len() >= 5, "launches of {kernel} on the five report targets, found {}", launches.len());
         }
-        assert!(launches.len() >= 5, "launches of the split kernel on the five report targets, found {}", launches.len());
     }
 }

@@ -116,7 +116,9 @@ pub fn all(l: &TargetLimits) -> Result<Vec<Case>> {
         }
     }
     for t in TOKENS {
-        case("moe", format!("T{t}"), &|b| moe(b, t))?;
+        case("moe", format!("T{t}"), &|b| moe(b, t, DType::BF16))?;
+        // model-k3's f32 activations (router x, both GEMMs' inputs and the gate-up output).
+        case("moe", format!("T{t} f32-act"), &|b| moe(b, t, DType::F32))?;
     }
     for (n, k, what) in GEMMS {
         for m in TOKENS {
@@ -251,11 +253,12 @@ fn mla_decode(b: &Gpu, heads: usize, batch: usize, ctx: usize, format: KvCacheFo
     MlaDecode::run(b, &plan, args, ws.as_mut(), b.default_stream())
 }
 
-/// The routed path of the latent MoE: router, align, MXFP4 gate-up and down GEMMs, combine.
-fn moe(b: &Gpu, t: usize) -> Result<()> {
+/// The routed path of the latent MoE: router, align, MXFP4 gate-up and down GEMMs, combine, on
+/// activations of dtype `act`.
+fn moe(b: &Gpu, t: usize, act: DType) -> Result<()> {
     let (hidden, l, n, e, k) = MOE;
     let (bf, s) = (DType::BF16, b.default_stream());
-    let (x, router_w, bias, zl) = (z(b, bf, &[t, hidden])?, z(b, bf, &[e, hidden])?, z(b, DType::F32, &[e])?, z(b, bf, &[t, l])?);
+    let (x, router_w, bias, zl) = (z(b, act, &[t, hidden])?, z(b, bf, &[e, hidden])?, z(b, DType::F32, &[e])?, z(b, act, &[t, l])?);
     let (w13, s13) = (z(b, DType::U8, &[e, 2 * n, l / 2])?, z(b, DType::U8, &[e, 2 * n, l / 32])?);
     let (w2, s2) = (z(b, DType::U8, &[e, l, n / 2])?, z(b, DType::U8, &[e, l, n / 32])?);
     let rplan = MoeRouter::plan(b, &MoeRouterParams::sigmoid(t, hidden, e, k))?;
@@ -281,11 +284,11 @@ fn moe(b: &Gpu, t: usize) -> Result<()> {
     MoeAlign::run(b, &aplan, args, aws.as_mut(), s)?;
 
     let stage = |stage, kk, nn| MoeGemmParams { routing: routing.clone(), k: kk, n: nn, stage, weights: MoeWeightFormat::Mxfp4, activation_quant: None };
-    let mut a = z(b, bf, &[t * k, n])?;
+    let mut a = z(b, act, &[t * k, n])?;
     let mut y = z(b, DType::F32, &[t * k, l])?;
     for (params, input, w, sc, topk, out) in [
         (stage(MoeGemmStage::GateUp { beta: 4.0, linear_beta: Some(25.0) }, l, n), &zl, &w13, &s13, None, &mut a),
-        (stage(MoeGemmStage::Down, n, l), &z(b, bf, &[t * k, n])?, &w2, &s2, Some(&weights), &mut y),
+        (stage(MoeGemmStage::Down, n, l), &z(b, act, &[t * k, n])?, &w2, &s2, Some(&weights), &mut y),
     ] {
         let plan = MoeGroupedGemm::plan(b, &params)?;
         let mut ws = b.workspace(MoeGroupedGemm::workspace_size(b, &plan))?;
@@ -440,7 +443,7 @@ mod tests {
     fn every_case_launches_on_every_target() {
         for l in &TARGETS {
             let cases = all(l).expect("all cases plan and run");
-            assert_eq!(cases.len(), 2 * (2 + 3 + 2 * 3 * 2 * 3) + 3 + 4 * 3 + 3 * (5 + 2) + 2 * (3 + 2), "{}", l.target);
+            assert_eq!(cases.len(), 2 * (2 + 3 + 2 * 3 * 2 * 3) + 2 * 3 + 4 * 3 + 3 * (5 + 2) + 2 * (3 + 2), "{}", l.target);
             for c in &cases {
                 assert!(!c.launches.is_empty(), "{} {} {} launched nothing", l.target, c.op, c.shape);
             }
@@ -462,6 +465,11 @@ mod tests {
             // f32 queries on the 16-byte path take the MMA core too (hi + lo planes).
             let m = cases.iter().find(|c| c.op == "mla_decode" && c.shape == "H12 b1 ctx8k fp8-tiled auto f32-q").expect("case");
             assert!(m.launches.iter().any(|x| x.kernel == "mla_decode_asm_mma_f32q"), "{}", l.target);
+            // model-k3's f32 activations at batch 1 take the MoE GEMMs' f32-input MMA form (gate-up
+            // split over k, down unsplit), not the f32 FMA kernel.
+            let m = cases.iter().find(|c| c.op == "moe" && c.shape == "T1 f32-act").expect("case");
+            let moe: Vec<_> = m.launches.iter().map(|x| x.kernel.as_str()).filter(|k| k.starts_with("moe_gemm_grouped")).collect();
+            assert_eq!(moe, ["moe_gemm_grouped_m16_splitk_mma_f32a", "moe_gemm_grouped_m16_mma_f32a"], "{}", l.target);
             // The MMA GEMM's block is 4 warps of the target's width.
             let g = cases.iter().find(|c| c.op == "dense_gemm").expect("case");
             assert_eq!(g.launches[0].config.block, Dim3::x(4 * l.warp_size));

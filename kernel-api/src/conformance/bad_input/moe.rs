@@ -100,7 +100,10 @@ fn host_align(r: &MoeRouting, ids: &[i32]) -> (Vec<i32>, Vec<i32>, i32) {
 }
 
 /// Runs a grouped GEMM stage over device align outputs (k = 32, n = 8, dense weights).
-fn gemm_with<B: Backend + MoeGroupedGemm>(b: &B, r: &MoeRouting, down: bool, dt: DType, sorted: &[i32], eids: &[i32], used: i32) -> Result<()> {
+/// One grouped GEMM on these align outputs; `dt` the input's dtype (and the gate-up output's), `w_dt`
+/// the weights' (f32 input with bf16 weights takes the f32-input MMA form at block_m <= 16).
+#[allow(clippy::too_many_arguments)]
+fn gemm_with<B: Backend + MoeGroupedGemm>(b: &B, r: &MoeRouting, down: bool, dt: DType, w_dt: DType, sorted: &[i32], eids: &[i32], used: i32) -> Result<()> {
     let (k, n) = (32, 8);
     let stage = if down { MoeGemmStage::Down } else { MoeGemmStage::GateUp { beta: 4.0, linear_beta: Some(25.0) } };
     let p = MoeGemmParams { routing: r.clone(), k, n, stage, weights: MoeWeightFormat::Dense, activation_quant: None };
@@ -109,7 +112,7 @@ fn gemm_with<B: Backend + MoeGroupedGemm>(b: &B, r: &MoeRouting, down: bool, dt:
     let rows = if down { n } else { 2 * n };
     let in_rows = if down { pairs } else { r.tokens };
     let input = upload_f32(b, dt, &[in_rows, k], &vec![0.5; in_rows * k]).expect("input");
-    let weight = upload_f32(b, dt, &[r.experts, rows, k], &vec![0.25; r.experts * rows * k]).expect("weight");
+    let weight = upload_f32(b, w_dt, &[r.experts, rows, k], &vec![0.25; r.experts * rows * k]).expect("weight");
     let (sorted_t, eids_t, used_t) = (upload_i32(b, &[sorted.len()], sorted), upload_i32(b, &[eids.len()], eids), upload_i32(b, &[1], &[used]));
     let tw = down.then(|| upload_f32(b, DType::F32, &[r.tokens, r.top_k], &vec![0.5; pairs]).expect("topk weights"));
     let mut out = b.zeros(if down { DType::F32 } else { dt }, &[pairs, n]).expect("out");
@@ -135,22 +138,22 @@ pub fn moe_gemm_device_align_outputs_out_of_range<B: Backend + MoeGroupedGemm>(b
     let r = MoeRouting { tokens: 3, top_k: 2, experts: 4, block_m: 4 };
     let ids = [0, 1, 1, 2, 3, 0];
     let (sorted, eids, used) = host_align(&r, &ids);
-    for (down, dt) in [(false, DType::BF16), (true, DType::F32)] {
-        let case = |what: &str| format!("{} {dt}: {what}", if down { "down" } else { "gate/up" });
+    for (down, dt, w_dt) in [(false, DType::BF16, DType::BF16), (true, DType::F32, DType::F32), (true, DType::F32, DType::BF16), (false, DType::F32, DType::BF16)] {
+        let case = |what: &str| format!("{} {dt} x {w_dt}: {what}", if down { "down" } else { "gate/up" });
         for bad in [4, -2, i32::MAX] {
             let mut e = eids.clone();
             e[0] = bad;
-            assert_rejected(gemm_with(b, &r, down, dt, &sorted, &e, used), "expert_ids", case(&format!("expert id {bad}")));
+            assert_rejected(gemm_with(b, &r, down, dt, w_dt, &sorted, &e, used), "expert_ids", case(&format!("expert id {bad}")));
         }
         for bad in [1_000_000, -5, 7] {
             let mut s = sorted.clone();
             s[1] = bad;
-            assert_rejected(gemm_with(b, &r, down, dt, &s, &eids, used), "sorted_token_ids", case(&format!("sorted id {bad}")));
+            assert_rejected(gemm_with(b, &r, down, dt, w_dt, &s, &eids, used), "sorted_token_ids", case(&format!("sorted id {bad}")));
         }
         for bad in [-4, used + 1, sorted.len() as i32 + 4] {
-            assert_rejected(gemm_with(b, &r, down, dt, &sorted, &eids, bad), "num_tokens_post_padded", case(&format!("count {bad}")));
+            assert_rejected(gemm_with(b, &r, down, dt, w_dt, &sorted, &eids, bad), "num_tokens_post_padded", case(&format!("count {bad}")));
         }
-        gemm_with(b, &r, down, dt, &sorted, &eids, used).expect("valid align outputs after the rejected ones");
+        gemm_with(b, &r, down, dt, w_dt, &sorted, &eids, used).expect("valid align outputs after the rejected ones");
     }
 }
 
@@ -187,9 +190,16 @@ pub fn moe_gemm_generated_bad_align_outputs<B: Backend + MoeGroupedGemm>(b: &B) 
                 "num_tokens_post_padded"
             }
         };
-        let (down, dt) = [(false, DType::BF16), (true, DType::F32), (false, DType::F32), (true, DType::BF16)][rng.below(4)];
-        let res = gemm_with(b, &r, down, dt, &sorted, &eids, used);
-        assert_rejected(res, field, format!("case {case}: {r:?} down {down} {dt}: sorted {sorted:?} expert ids {eids:?} count {used}"));
+        let (down, dt, w_dt) = [
+            (false, DType::BF16, DType::BF16),
+            (true, DType::F32, DType::F32),
+            (false, DType::F32, DType::F32),
+            (true, DType::BF16, DType::BF16),
+            (false, DType::F32, DType::BF16),
+            (true, DType::F32, DType::BF16),
+        ][rng.below(6)];
+        let res = gemm_with(b, &r, down, dt, w_dt, &sorted, &eids, used);
+        assert_rejected(res, field, format!("case {case}: {r:?} down {down} {dt} x {w_dt}: sorted {sorted:?} expert ids {eids:?} count {used}"));
         tally.cases += 1;
     }
 }
