@@ -211,6 +211,14 @@ K3_DEVICE void moe_zero_unserved_rows(RowId row_id, int64_t first, int rows, int
 // The launcher sizes the workspace with the same rounding (kernels/src/ops/moe_gemm.rs).
 K3_DEVICE int64_t moe_partial_pitch(int n) { return (static_cast<int64_t>(n) + 3) & ~static_cast<int64_t>(3); }
 
+// Column tiles of an n-column output, and the k split of a split GEMM's block (its grid.y runs
+// over split x tiles + tile). The split GEMM's epilogue finds its partial rows from these and the
+// kernel's arguments instead of a pointer computed before the k loop: that pointer stayed live
+// across the loop and held the f32a split kernel at 144 registers on sm_90a (3 blocks per SM;
+// 12 B of spills when bounded to 128), now 128 without spills (4 blocks).
+K3_DEVICE int moe_column_tiles(int n) { return (n + kMoeBN - 1) / kMoeBN; }
+K3_DEVICE int64_t moe_split_of_block(int n) { return static_cast<int>(k3::block_idx_y()) / moe_column_tiles(n); }
+
 // moe_zero_unserved_rows over the block's column tile [n0, min(n0 + kMoeBN, n)), the ids read
 // from sorted_token_ids.
 K3_DEVICE void moe_zero_unserved_tile(const int* sorted, int64_t sorted_s0, int blk, int block_m, int pairs, void* out,
@@ -344,11 +352,11 @@ K3_EXPORT(moe_gemm_grouped);
 #else
 #define MOE_UNROLL_K_STEPS
 #endif
-// The split-k kernel: at least 3 resident blocks per SM asked for on NVIDIA (<= 168 registers;
-// the launcher's split count takes the resident blocks per target from a table checked against
-// the resource report, kernels/src/ops/moe_gemm.rs).
+// The split-k kernels: 4 resident blocks per SM asked for on NVIDIA (<= 128 registers, what the
+// shared memory allows on H200; the launcher's split count takes the resident blocks per target
+// from a table checked against the resource report, kernels/src/ops/moe_gemm.rs).
 #if K3_TARGET_CUDA
-#define MOE_MMA_SPLIT_BOUNDS __launch_bounds__(128, 3)
+#define MOE_MMA_SPLIT_BOUNDS __launch_bounds__(128, 4)
 #else
 #define MOE_MMA_SPLIT_BOUNDS MOE_MMA_BOUNDS
 #endif
@@ -425,8 +433,8 @@ MOE_INLINE K3_DEVICE k3::u32x4 moe_mxfp8_chunk(k3::u32x4 x) {
 //    On AMD one step, staged through registers (the HIP AsyncCopy is synchronous): 2 steps would
 //    take the block to 47616 B, 1 block per CU on MI300X's 64 KiB instead of 2.
 // The block holds 47872 B on NVIDIA and in the emulator: 4 blocks per SM on H200
-// (4 x (47872 + 1024 reserved) = 191 KiB of 228), as many as the 16-row kernel's <= 128
-// registers allow (3 for the split kernel); on AMD 29184 B, 2 blocks per CU on MI300X.
+// (4 x (47872 + 1024 reserved) = 191 KiB of 228), as many as the 16-row kernels' <= 128
+// registers allow; on AMD 29184 B, 2 blocks per CU on MI300X.
 #if K3_TARGET_HIP
 constexpr int kMxStages = 3;
 #else
@@ -468,8 +476,8 @@ static_assert(sizeof(MoeMmaShared::w_mx) <= sizeof(MoeMmaShared::w_tile), "the r
 // ring (MXFP4 4 steps, bf16 2; on AMD one tile through registers), and each weight format's A and
 // W rings share a union with the other's, since f32 rows at the bf16 input's ring depths would
 // not fit beside the bf16 weight tiles: 48320 B on NVIDIA and in the emulator at warp 32 (4
-// blocks per SM on H200, as the bf16 kernel; registers hold the split kernel to 3), 23744 B on
-// AMD (2 blocks per CU on MI300X, 5 on MI355X).
+// blocks per SM on H200, as the bf16 kernels), 23744 B on AMD (2 blocks per CU on MI300X, 5 on
+// MI355X).
 #if K3_WARP_SIZE == 32
 constexpr int kF32Lds = kMmaBK + 16;
 #else
@@ -914,7 +922,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_block(Sh& sh, int e, const void* input, i
           if (p < 0 || col >= n) continue;
           if constexpr (kSplit) {
             const int64_t pitch = moe_partial_pitch(n);
-            float* dst = partial + p * (kGateUp ? 2 * pitch : pitch) + col;
+            float* dst = partial + (moe_split_of_block(n) * pairs + p) * (kGateUp ? 2 * pitch : pitch) + col;
             if (kStep == 2 && col + 1 < n) {  // col is even
               k3::store_f32x2(dst, k3::kF32, 0, acc_g[i][j].x[s], acc_g[i][j].x[s + kStep - 1]);
               if constexpr (kGateUp) k3::store_f32x2(dst, k3::kF32, pitch, acc_u[i][j].x[s], acc_u[i][j].x[s + kStep - 1]);
@@ -996,14 +1004,11 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
     if (!kSplit && !gate_up && p >= 0) late_w = topk_weights[(p / top_k) * tw_s0 + (p % top_k) * tw_s1];
   }
   int n0 = static_cast<int>(k3::block_idx_y()) * kMoeBN, k_begin = 0, k_end = k;
-  float* part = nullptr;
   if constexpr (kSplit) {
-    const int tiles = (n + kMoeBN - 1) / kMoeBN;
-    const int split = static_cast<int>(k3::block_idx_y()) / tiles;
-    n0 = (static_cast<int>(k3::block_idx_y()) % tiles) * kMoeBN;
+    const int split = moe_split_of_block(n);
+    n0 = (static_cast<int>(k3::block_idx_y()) % moe_column_tiles(n)) * kMoeBN;
     k_begin = split * k_chunk;
     k_end = k - k_begin < k_chunk ? k : k_begin + k_chunk;
-    part = partial + static_cast<int64_t>(split) * pairs * (gate_up ? 2 : 1) * moe_partial_pitch(n);
   } else {
     (void)k_chunk, (void)partial;
   }
@@ -1012,7 +1017,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
   moe_gemm_mma_block<k3::mma::Bf16Shape, kGateUp, kRM, kSplit, kMx, kF32A>(                                                \
       sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0, topk_weights, tw_s0, \
       tw_s1, out, out_dt, out_s0, out_s1, pairs, top_k, block_m, n0, k_begin, k_end, n, beta, linear_beta, mxfp8,  \
-      part, late_w, err)
+      partial, late_w, err)
   if (gate_up) {
     if (scale != nullptr) {
       MOE_MMA_BLOCK(true, true);

@@ -52,15 +52,14 @@ const MAX_SPLITS: usize = 16;
 const REDUCE_STAGED_ROWS: usize = 16;
 
 /// Resident blocks per SM / CU of `moe_gemm_grouped_m16_splitk_mma` (bf16 input) and of its
-/// `_f32a` form on the report's targets: the occupancy that benches/kernel-resources.json derives
-/// from the compiled binaries (registers, shared memory and the card's limits; the unit test
-/// below fails when a regenerated report disagrees). sm_90a: 4 (registers and shared memory), 3
-/// for `_f32a` (its 144 registers); sm_100a / sm_103a: 4; gfx942 (MI300X): 2 (64 KiB of LDS);
+/// `_f32a` form (the same on every target) on the report's targets: the occupancy that
+/// benches/kernel-resources.json derives from the compiled binaries (registers, shared memory and
+/// the card's limits; the unit test below fails when a regenerated report disagrees). sm_90a,
+/// sm_100a / sm_103a: 4 (registers and shared memory); gfx942 (MI300X): 2 (64 KiB of LDS);
 /// gfx950 (MI355X): 5 (VGPRs and 160 KiB of LDS). Other devices take a conservative 3 at warp 32
 /// (e.g. sm_80's 164 KiB of shared memory holds 3 blocks) and 2 at warp 64.
-fn splitk_resident_blocks(arch: &str, warp: u32, input: MmaInput) -> usize {
+fn splitk_resident_blocks(arch: &str, warp: u32) -> usize {
     match arch {
-        "sm_90a" if input == MmaInput::F32Planes => 3,
         "sm_90a" | "sm_100a" | "sm_103a" => 4,
         "gfx942" => 2,
         "gfx950" => 5,
@@ -74,15 +73,15 @@ fn splitk_resident_blocks(arch: &str, warp: u32, input: MmaInput) -> usize {
 /// (K3 TP8 gate_up at batch 1: 16 x 6 = 96 blocks of 56 k steps on 132 SMs); the k range is then
 /// cut so the grid comes as close as it can to one full wave of resident blocks
 /// ([`splitk_resident_blocks`] per SM / CU) without exceeding it. Served M-blocks are at most
-/// min(pairs, M-blocks) (each holds a pair). Depends on the plan, the device and the input form
-/// only; `workspace_size` sizes for the larger of the two forms' counts.
-fn split_k(plan: &MoeGemmPlan, info: &DeviceInfo, input: MmaInput) -> (usize, usize) {
+/// min(pairs, M-blocks) (each holds a pair). Depends on the plan and the device only (both input
+/// forms hold the same resident blocks), so `workspace_size` and `run` agree.
+fn split_k(plan: &MoeGemmPlan, info: &DeviceInfo) -> (usize, usize) {
     let p = &plan.params;
     let steps = p.k.div_ceil(STEP_K);
     if p.routing.block_m > 16 {
         return (1, steps * STEP_K);
     }
-    let per_unit = splitk_resident_blocks(&info.arch, info.warp_size, input);
+    let per_unit = splitk_resident_blocks(&info.arch, info.warp_size);
     let tiles = p.n.div_ceil(TILE_N);
     let blocks = plan.pairs.min(plan.num_blocks).max(1).saturating_mul(tiles);
     let want = (info.compute_units as usize).saturating_mul(per_unit) / blocks;
@@ -176,7 +175,7 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
     /// splits; sized whenever the MMA kernels could serve the plan (the input dtype and
     /// alignment are only known at `run`, which then leaves the workspace unused).
     fn workspace_size(&self, plan: &MoeGemmPlan) -> usize {
-        let splits = [MmaInput::Bf16, MmaInput::F32Planes].map(|i| split_k(plan, self.device_info(), i).0).into_iter().max().unwrap_or(1);
+        let (splits, _) = split_k(plan, self.device_info());
         if splits <= 1 {
             return 0;
         }
@@ -230,10 +229,7 @@ impl<R: Runtime> MoeGroupedGemm for GpuBackend<R> {
         let vector_rows = p.k % 8 == 0 && rows_16b(in_ptr, inp) && rows_16b(w_ptr, w);
         let mma_in = mma_input(p, inp.dtype, w.dtype).filter(|_| vector_rows);
         let mma = mma_in.is_some();
-        let (splits, k_chunk) = match mma_in {
-            Some(input) => split_k(plan, self.device_info(), input),
-            None => (1, p.k),
-        };
+        let (splits, k_chunk) = if mma { split_k(plan, self.device_info()) } else { (1, p.k) };
         if splits > 1 && r.block_m > REDUCE_STAGED_ROWS {
             return Err(Error::unsupported("params.routing.block_m", "the split-k reduce takes M-blocks of at most 16 rows"));
         }
@@ -330,20 +326,18 @@ impl<R: Runtime> MoeCombine for GpuBackend<R> {
 
 #[cfg(test)]
 mod tests {
-    use super::{splitk_resident_blocks, MmaInput};
+    use super::splitk_resident_blocks;
 
     /// The table agrees with the resource report (benches/kernel-resources.json, regenerated
     /// from the binaries by `k3-kernel-report --write`): every K3 launch of either split kernel
     /// there has the resident blocks the table gives its target.
     #[test]
     fn splitk_resident_blocks_match_the_report() {
-        for (kernel, input) in
-            [("moe_gemm_grouped_m16_splitk_mma", MmaInput::Bf16), ("moe_gemm_grouped_m16_splitk_mma_f32a", MmaInput::F32Planes)]
-        {
+        for kernel in ["moe_gemm_grouped_m16_splitk_mma", "moe_gemm_grouped_m16_splitk_mma_f32a"] {
             let launches = crate::ops::report_resident_blocks(kernel);
             for (target, resident) in &launches {
                 let warp = if target.starts_with("gfx") { 64 } else { 32 };
-                assert_eq!(*resident, splitk_resident_blocks(target, warp, input), "{kernel} on {target}");
+                assert_eq!(*resident, splitk_resident_blocks(target, warp), "{kernel} on {target}");
             }
             assert!(launches.len() >= 5, "launches of {kernel} on the five report targets, found {}", launches.len());
         }
