@@ -1014,7 +1014,7 @@ MOE_INLINE K3_DEVICE void moe_gemm_mma_kernel(const void* input, int64_t in_s0, 
   }
   // One instance per stage and weight format (MXFP4 decodes at fragment load from a raw ring).
 #define MOE_MMA_BLOCK(kGateUp, kMx)                                                                                 \
-  moe_gemm_mma_block<k3::mma::Bf16Shape, kGateUp, kRM, kSplit, kMx, kF32A>(                                                \
+  moe_gemm_mma_block<k3::mma::Bf16Shape, kGateUp, kRM, kSplit, kMx, kF32A>(                                         \
       sh, e, input, in_s0, weight, w_s0, w_s1, scale, sc_s0, sc_s1, sc_s2, sorted, sorted_s0, topk_weights, tw_s0, \
       tw_s1, out, out_dt, out_s0, out_s1, pairs, top_k, block_m, n0, k_begin, k_end, n, beta, linear_beta, mxfp8,  \
       partial, late_w, err)

@@ -19,10 +19,9 @@
 //! or the f32 SIMT kernels (f32). At warp 32 (CUDA) the `*_mma` kernels pipeline the KV tiles:
 //! the cache rows as stored are copied by cp.async (k3::AsyncCopy) up to 64 KiB ahead of the tile
 //! being multiplied, as far as the device's shared memory per block allows, and decoded at
-//! fragment load (`kv_stages`: K3's fp8
-//! caches 7 stages on H200 / B300, 3 within 48 KiB; bf16 4 and 2; the kernels take the count as
-//! an argument and the launch's dynamic shared memory holds the stages); at warp 64 (AMD,
-//! synchronous copies) they stage one decoded bf16 tile.
+//! fragment load (`kv_stages`: K3's fp8 caches 7 stages on H200 / B300, 3 within 48 KiB; bf16 4
+//! and 2; the kernels take the count as an argument and the launch's dynamic shared memory holds
+//! the stages); at warp 64 (AMD, synchronous copies) they stage one decoded bf16 tile.
 
 use super::mla_format::{format_codes, ByteLayout};
 use crate::gpu_backend::{arg, dtype_code, to_i32, GpuBackend};
@@ -194,7 +193,8 @@ fn core(q_dtype: DType, c: &MlaPagedCache, vec: bool, warp_size: u32, limit: usi
 /// may run, else the `*_mma_unaligned` ones (bf16) or the SIMT ones (f32): the query rows (bf16
 /// or f32) and every cache row start 16-byte aligned and latent, rope and (tile-scaled) the scale
 /// block end on 16-byte boundaries (`mla::vector_path` on the device side; with latent <= 512 its
-/// tile-scaled condition means 4 scale tiles, one 16-byte unit). K3's shapes (latent 512, rope 64, contiguous bf16 tensors) always qualify.
+/// tile-scaled condition means 4 scale tiles, one 16-byte unit). K3's shapes (latent 512, rope
+/// 64, contiguous bf16 tensors) always qualify.
 fn vector_kernel(q: DevicePtr, q_dtype: DType, q_strides: &[usize], cache: DevicePtr, bl: &ByteLayout, c: &MlaPagedCache) -> bool {
     let (latent, rope) = (c.dims.latent, c.dims.rope);
     let scales_end = latent + 4 * latent.div_ceil(128);

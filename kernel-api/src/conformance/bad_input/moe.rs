@@ -99,9 +99,9 @@ fn host_align(r: &MoeRouting, ids: &[i32]) -> (Vec<i32>, Vec<i32>, i32) {
     (sorted, eids, pos as i32)
 }
 
-/// Runs a grouped GEMM stage over device align outputs (k = 32, n = 8, dense weights).
-/// One grouped GEMM on these align outputs; `dt` the input's dtype (and the gate-up output's), `w_dt`
-/// the weights' (f32 input with bf16 weights takes the f32-input MMA form at block_m <= 16).
+/// Runs a grouped GEMM stage over device align outputs (k = 32, n = 8, dense weights): `dt` the
+/// input's dtype (and the gate-up output's), `w_dt` the weights' (f32 input with bf16 weights
+/// takes the f32-input MMA form at block_m <= 16).
 #[allow(clippy::too_many_arguments)]
 fn gemm_with<B: Backend + MoeGroupedGemm>(b: &B, r: &MoeRouting, down: bool, dt: DType, w_dt: DType, sorted: &[i32], eids: &[i32], used: i32) -> Result<()> {
     let (k, n) = (32, 8);
