@@ -6,7 +6,9 @@
 //   qualifiers     K3_KERNEL (an exported kernel), K3_DEVICE (a device helper), K3_RESTRICT,
 //                  K3_EXPORT(kernel) after each kernel (registers it with the emulator)
 //   indices        thread_idx_x/y/z(), block_idx_*(), block_dim_*(), grid_dim_*(), lane_id(),
-//                  warp_id() (functions, never macros named threadIdx)
+//                  warp_id() (functions, never macros named threadIdx); thread_idx_x_unhoisted()
+//                  where what a loop derives from the index must not be held across an outer
+//                  loop (on AMD LLVM hoists it to the prologue: registers for the whole kernel)
 //   shared memory  K3_SHARED(T, name, dims) static shared; dynamic_shared<T>() (launch bytes)
 //   barrier        sync_threads()
 //   warps          kWarpSize (compile time: 32 on CUDA, 64 on HIP gfx9, K3_WARP_SIZE in SIMT),

@@ -162,7 +162,7 @@ K3_DEVICE int value_slot(int d, int latent) { return d < latent ? d / kScaleTile
 K3_AMD_INLINE K3_DEVICE void attend(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
                       const Dest& dst, uint16_t* raw, float* mult, float* pbuf) {
   const int lane = static_cast<int>(k3::lane_id());
-  const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;
+  const int warp = static_cast<int>(k3::thread_idx_x_unhoisted()) / k3::kWarpSize;
   const int width = c.latent + c.rope;
   const int pitch = kv_pitch(width);
   const float neg_inf = k3::uint_as_float(0xff800000u);

@@ -252,7 +252,7 @@ struct TileUnits {
 // kv_hi - 1 (callers run only for items with kv_start < kv_hi), so dead tokens read a live row
 // and drop it.
 K3_DEVICE int tile_token(int s0, int kv_hi) {
-  const int s = s0 + static_cast<int>(k3::thread_idx_x()) / kTokenThreads;
+  const int s = s0 + static_cast<int>(k3::thread_idx_x_unhoisted()) / kTokenThreads;
   return s < kv_hi ? s : kv_hi - 1;
 }
 
@@ -275,7 +275,7 @@ K3_DEVICE void fetch_tile(const Cache& c, int s0, int kv_hi, int page, int units
   const int s = tile_token(s0, kv_hi);
   f.row = static_cast<int64_t>(page) * c.page_stride + static_cast<int64_t>(s % c.page_size) * c.row_stride;
   const uint8_t* row = c.base + f.row;
-  const int u0 = static_cast<int>(k3::thread_idx_x()) % kTokenThreads;
+  const int u0 = static_cast<int>(k3::thread_idx_x_unhoisted()) % kTokenThreads;
   K3_UNROLL
   for (int k = 0; k < kPrefetchSlots; ++k) {
     const int u = u0 + k * kTokenThreads;
@@ -287,7 +287,7 @@ K3_DEVICE void fetch_tile(const Cache& c, int s0, int kv_hi, int page, int units
 // latent) and `mult` as load_tile's 16-byte path would: fp8 units as 16 bf16s, bf16 units as they are, the
 // tile scales of a live token into its multipliers (1 elsewhere); dead tokens are zero rows.
 K3_DEVICE void decode_tile(const Cache& c, int s0, int n, int units, const TileUnits& f, uint16_t* raw, float* mult) {
-  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int tid = static_cast<int>(k3::thread_idx_x_unhoisted());
   const int t = tid / kTokenThreads, u0 = tid % kTokenThreads;
   const bool tiled = c.kind == kFormatTiled;
   const int fp8_units = c.kind == kFormatFlat ? units : (tiled ? c.latent / 16 : 0);
@@ -407,7 +407,7 @@ template <bool kVec, bool kSplitQ = false>
 K3_AMD_INLINE K3_DEVICE void attend_mma(const Cache& c, const Query& q, const Rows& r, float score_scale, float out_scale,
                           const Dest& dst, uint8_t* shared) {
   const MmaSmem sm = carve_mma(shared);
-  const int tid = static_cast<int>(k3::thread_idx_x());
+  const int tid = static_cast<int>(k3::thread_idx_x_unhoisted());
   const int warp = tid / k3::kWarpSize;
   const int lp = pad16(c.latent);
   const int wpad = lp + pad16(c.rope);

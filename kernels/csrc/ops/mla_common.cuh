@@ -14,8 +14,12 @@
 #define MLA_MAX_THREADS(n)
 #endif
 
-// The 16-byte MMA kernels on AMD: two waves per SIMD (two 256-thread blocks per CU), so the
-// register allocator keeps VGPRs + AGPRs <= 256 instead of taking the file for one wave.
+// The MMA kernels on AMD: two waves per SIMD (two 256-thread blocks per CU), so the register
+// allocator keeps VGPRs + AGPRs <= 256 instead of taking the file for one wave. They fit because
+// the cores read their thread index through k3::thread_idx_x_unhoisted(): with the plain index,
+// LLVM computed the lane-derived offsets of every tile loop (token slot, unit offsets, staging
+// addresses) once in the prologue and held them across the kernel, up to 60 VGPRs; the f32-query
+// and unaligned kernels ran one wave per SIMD (asm f32q on gfx942: 80 B of scratch at two).
 #if K3_TARGET_HIP
 #define MLA_MMA_TWO_WAVES __attribute__((amdgpu_waves_per_eu(2)))
 #else

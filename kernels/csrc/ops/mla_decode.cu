@@ -237,8 +237,8 @@ K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_gluon_mma(MLA_D
   gluon_body<Core::kMma>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_gluon_mma);
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_gluon_mma_unaligned(MLA_DECODE_PARAMS, int num_splits, float score_scale,
-                                                                   float out_scale, k3::ErrorRecord* err) {
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_gluon_mma_unaligned(MLA_DECODE_PARAMS, int num_splits,
+                                                                                     float score_scale, float out_scale, k3::ErrorRecord* err) {
   gluon_body<Core::kMmaUnaligned>(MLA_DECODE_ARGS, num_splits, score_scale, out_scale, err);
 }
 K3_EXPORT(mla_decode_gluon_mma_unaligned);
@@ -363,13 +363,11 @@ K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_asm_mma(MLA_DEC
   asm_body<Core::kMma>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
 }
 K3_EXPORT(mla_decode_asm_mma);
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma_unaligned(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_asm_mma_unaligned(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
   asm_body<Core::kMmaUnaligned>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
 }
 K3_EXPORT(mla_decode_asm_mma_unaligned);
-// One wave per SIMD on AMD: the lo plane's 18 VGPRs put it past 256 (gfx942: 27 spilled at two
-// waves; the Gluon form fits).
-K3_KERNEL void MLA_MAX_THREADS(256) mla_decode_asm_mma_f32q(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_decode_asm_mma_f32q(MLA_DECODE_PARAMS, MLA_ASM_PARAMS) {
   asm_body<Core::kMmaF32Q>(MLA_DECODE_ARGS, MLA_ASM_ARGS);
 }
 K3_EXPORT(mla_decode_asm_mma_f32q);
@@ -568,12 +566,11 @@ K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed(MLA_PREFILL_ABSORBED_PA
 K3_EXPORT(mla_prefill_absorbed);
 K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_prefill_absorbed_mma(MLA_PREFILL_ABSORBED_PARAMS) { prefill_absorbed_body<Core::kMma>(MLA_PREFILL_ABSORBED_ARGS); }
 K3_EXPORT(mla_prefill_absorbed_mma);
-K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma_unaligned(MLA_PREFILL_ABSORBED_PARAMS) {
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_prefill_absorbed_mma_unaligned(MLA_PREFILL_ABSORBED_PARAMS) {
   prefill_absorbed_body<Core::kMmaUnaligned>(MLA_PREFILL_ABSORBED_ARGS);
 }
 K3_EXPORT(mla_prefill_absorbed_mma_unaligned);
-// One wave per SIMD on AMD, as mla_decode_asm_mma_f32q (two waves spilled 8-12 VGPRs).
-K3_KERNEL void MLA_MAX_THREADS(256) mla_prefill_absorbed_mma_f32q(MLA_PREFILL_ABSORBED_PARAMS) {
+K3_KERNEL void MLA_MAX_THREADS(256) MLA_MMA_TWO_WAVES mla_prefill_absorbed_mma_f32q(MLA_PREFILL_ABSORBED_PARAMS) {
   prefill_absorbed_body<Core::kMmaF32Q>(MLA_PREFILL_ABSORBED_ARGS);
 }
 K3_EXPORT(mla_prefill_absorbed_mma_f32q);

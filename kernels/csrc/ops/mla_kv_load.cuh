@@ -83,7 +83,7 @@ K3_AMD_INLINE K3_DEVICE bool pages_ok(const Cache& c, int lo, int hi) {
   if (c.err == nullptr || hi <= lo) return true;  // block-uniform ((hi - 1) / page_size names column 0 at hi = 0)
   bool ok = true;
   const int nthreads = static_cast<int>(k3::block_dim_x());
-  for (int p = lo / c.page_size + static_cast<int>(k3::thread_idx_x()); p <= (hi - 1) / c.page_size; p += nthreads) {
+  for (int p = lo / c.page_size + static_cast<int>(k3::thread_idx_x_unhoisted()); p <= (hi - 1) / c.page_size; p += nthreads) {
     ok = k3::index_ok_2d(c.err, c.err_site, c.err_row, p, c.block_table[static_cast<int64_t>(p) * c.bt_col_stride], 0,
                          c.num_pages) && ok;
   }
@@ -136,7 +136,7 @@ K3_DEVICE float tile_multiplier(const Cache& c, const uint8_t* row, int slot, in
 // block calls it (warp-uniform loops: the shuffles need whole warps).
 K3_DEVICE void load_tile(const Cache& c, int s0, int n, int tokens, int row_width, int rope_col, uint16_t* raw, float* mult) {
   const int lane = static_cast<int>(k3::lane_id());
-  const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;
+  const int warp = static_cast<int>(k3::thread_idx_x_unhoisted()) / k3::kWarpSize;
   const int warps = static_cast<int>(k3::block_dim_x()) / k3::kWarpSize;
   const int pitch = kv_pitch(row_width);
   const int tiles = (c.latent + kScaleTile - 1) / kScaleTile;
@@ -229,7 +229,7 @@ K3_HOST_DEVICE constexpr int raw_pitch(int row_bytes) { return row_bytes + ((16 
 template <class Copy>
 K3_DEVICE void issue_tile(Copy& cp, const Cache& c, int s0, int n, int tokens, int row_bytes, int pitch, uint8_t* dst) {
   const int lane = static_cast<int>(k3::lane_id());
-  const int warp = static_cast<int>(k3::thread_idx_x()) / k3::kWarpSize;
+  const int warp = static_cast<int>(k3::thread_idx_x_unhoisted()) / k3::kWarpSize;
   const int warps = static_cast<int>(k3::block_dim_x()) / k3::kWarpSize;
   const int units = row_bytes / 16;
   const int64_t my_row = lane < n ? row_offset(c, s0 + lane) : 0;

@@ -139,8 +139,7 @@ fn raw_pitch(c: &MlaPagedCache) -> usize {
 /// memory and the card's limits; the unit test below fails when a regenerated report
 /// disagrees): 1 on sm_90a / sm_100a / sm_103a (204-231 registers x 256 threads), 2 on gfx942
 /// (VGPRs and 64 KiB of LDS) and gfx950 (VGPRs). Other devices take 1, one block per unit. The
-/// f32-query twins match it except `mla_decode_asm_mma_f32q` on gfx942 (one wave per SIMD: its
-/// 608 blocks run in two rounds, as the f32 SIMT kernels' do).
+/// f32-query and unaligned twins match it; the f32 SIMT kernels hold one block per CU on AMD.
 fn attention_resident_blocks(arch: &str) -> u32 {
     match arch {
         "gfx942" | "gfx950" => 2,
@@ -294,9 +293,8 @@ impl<R: Runtime> MlaDecode for GpuBackend<R> {
     /// Balances over the blocks the device holds at once, compute units x
     /// [`attention_resident_blocks`] (`Auto`; `ComputeUnits(n)` names that count itself): on
     /// MI300X / MI355X the asm partition runs 2 persistent blocks per CU (608 / 512, both
-    /// resident) and Gluon's auto split fills the same count. The f32 SIMT and `*_mma_unaligned`
-    /// forms, and `mla_decode_asm_mma_f32q` on gfx942, hold one block per CU there and run those
-    /// blocks in two rounds of half the work each.
+    /// resident) and Gluon's auto split fills the same count. The f32 SIMT forms hold one block
+    /// per CU there and run those blocks in two rounds of half the work each.
     fn plan(&self, params: &MlaDecodeParams, batch: &MlaDecodeBatch<'_>) -> Result<MlaDecodePlan> {
         let info = self.device_info();
         let plan = MlaDecodePlan::new(params, batch, info.compute_units.saturating_mul(attention_resident_blocks(&info.arch)))?;
@@ -571,11 +569,11 @@ mod tests {
         assert_eq!(core(DType::BF16, &fp8, false, 32, 48 * 1024, Some(5)).unwrap().2, 1);
     }
 
-    /// The table agrees with the resource report: every K3 launch of the two `*_mma` attention
-    /// kernels there has the resident blocks the table gives its target.
+    /// The table agrees with the resource report: every K3 launch of the `*_mma` attention
+    /// kernels there (bf16 and f32 queries) has the resident blocks the table gives its target.
     #[test]
     fn attention_resident_blocks_match_the_report() {
-        for kernel in ["mla_decode_asm_mma", "mla_decode_gluon_mma"] {
+        for kernel in ["mla_decode_asm_mma", "mla_decode_gluon_mma", "mla_decode_asm_mma_f32q"] {
             let launches = crate::ops::report_resident_blocks(kernel);
             for (target, resident) in &launches {
                 assert_eq!(*resident as u32, attention_resident_blocks(target), "{kernel} on {target}");

@@ -19,6 +19,7 @@ typedef unsigned int lane_mask_t;
 constexpr lane_mask_t kFullMask = 0xffffffffu;
 
 K3_DEVICE unsigned thread_idx_x() { return threadIdx.x; }
+K3_DEVICE unsigned thread_idx_x_unhoisted() { return thread_idx_x(); }  // the HIP form: target_hip.h
 K3_DEVICE unsigned thread_idx_y() { return threadIdx.y; }
 K3_DEVICE unsigned thread_idx_z() { return threadIdx.z; }
 K3_DEVICE unsigned block_idx_x() { return blockIdx.x; }

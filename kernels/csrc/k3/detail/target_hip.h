@@ -25,6 +25,15 @@ typedef unsigned int lane_mask_t;
 constexpr lane_mask_t kFullMask = static_cast<lane_mask_t>(~static_cast<lane_mask_t>(0));
 
 K3_DEVICE unsigned thread_idx_x() { return __builtin_amdgcn_workitem_id_x(); }
+// thread_idx_x() through an empty asm statement, which LLVM may neither hoist nor merge: what a
+// kernel derives from it is computed where it is used, not once in the prologue and held in
+// VGPRs across an outer loop (k3/compat.h). The assumption keeps its unsigned range.
+K3_DEVICE unsigned thread_idx_x_unhoisted() {
+  unsigned t = __builtin_amdgcn_workitem_id_x();
+  asm volatile("" : "+v"(t));
+  __builtin_assume(t < 1024u);
+  return t;
+}
 K3_DEVICE unsigned thread_idx_y() { return __builtin_amdgcn_workitem_id_y(); }
 K3_DEVICE unsigned thread_idx_z() { return __builtin_amdgcn_workitem_id_z(); }
 K3_DEVICE unsigned block_idx_x() { return __builtin_amdgcn_workgroup_id_x(); }

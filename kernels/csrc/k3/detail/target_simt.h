@@ -71,6 +71,7 @@ typedef std::conditional<K3_WARP_SIZE == 32, uint32_t, uint64_t>::type lane_mask
 constexpr lane_mask_t kFullMask = static_cast<lane_mask_t>(~static_cast<lane_mask_t>(0));
 
 K3_DEVICE unsigned thread_idx_x() { return simt::t_current->thread_idx.x; }
+K3_DEVICE unsigned thread_idx_x_unhoisted() { return thread_idx_x(); }  // the HIP form: target_hip.h
 K3_DEVICE unsigned thread_idx_y() { return simt::t_current->thread_idx.y; }
 K3_DEVICE unsigned thread_idx_z() { return simt::t_current->thread_idx.z; }
 K3_DEVICE unsigned block_idx_x() { return simt::t_current->block->block_idx.x; }
